@@ -1,0 +1,110 @@
+"""The one module that knows pika: connections, channels, properties, readable errors.
+
+pika 2.0 drops ``BlockingConnection``; keeping every pika call behind this module (and
+``topology.py``) means a later transport swap touches few files.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+import pika.exceptions as pex
+
+from .conf import app_settings
+from .envelope import PROPERTY_NAMES
+from .errors import BrokerUnavailable
+
+logger = logging.getLogger("django_rmq_retry.broker")
+
+#: Errors after which a connection is gone and must be rebuilt.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    pex.AMQPConnectionError,
+    pex.ConnectionClosed,
+    pex.StreamLostError,
+    pex.ChannelWrongStateError,
+    pex.ConnectionWrongStateError,
+    pex.ChannelClosed,
+    ConnectionError,
+    OSError,
+)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe for logs and pages)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLParameters:
+    url = url or app_settings.BROKER_URL
+    params = pika.URLParameters(url)
+    params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
+    params.blocked_connection_timeout = float(
+        overrides.get("blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT)
+    )
+    timeout = float(app_settings.CONNECT_TIMEOUT)
+    params.socket_timeout = timeout
+    params.stack_timeout = timeout * 2
+    params.connection_attempts = 1
+    params.client_properties = {"connection_name": overrides.get("name", "django-rmq-retry")}
+    if urlsplit(url).scheme == "amqps":
+        context = ssl.create_default_context(cafile=app_settings.TLS_CA_FILE)
+        if app_settings.TLS_CERT_FILE:
+            context.load_cert_chain(app_settings.TLS_CERT_FILE, app_settings.TLS_KEY_FILE)
+        params.ssl_options = pika.SSLOptions(context, server_hostname=urlsplit(url).hostname)
+    return params
+
+
+def connect(url: str | None = None, **overrides: Any) -> pika.BlockingConnection:
+    """A blocking connection, or :class:`BrokerUnavailable` with one readable line."""
+    url = url or app_settings.BROKER_URL
+    try:
+        return pika.BlockingConnection(connection_parameters(url, **overrides))
+    except pex.ProbableAuthenticationError as exc:
+        raise BrokerUnavailable(
+            f"RabbitMQ at {mask_url(url)} refused the login (check user and password)"
+        ) from exc
+    except pex.ProbableAccessDeniedError as exc:
+        raise BrokerUnavailable(
+            f"RabbitMQ at {mask_url(url)} denied access to the virtual host"
+        ) from exc
+    except (pex.AMQPConnectionError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"cannot reach RabbitMQ at {mask_url(url)}: {describe(exc)}"
+        ) from exc
+
+
+def describe(exc: BaseException) -> str:
+    """A short human description of a pika error, never including credentials."""
+    if isinstance(exc, pex.AMQPConnectionError) and exc.args:
+        inner = exc.args[0]
+        if isinstance(inner, BaseException):
+            return describe(inner)
+    if isinstance(exc, pex.ChannelClosedByBroker | pex.ConnectionClosedByBroker):
+        return f"{exc.reply_code} {exc.reply_text}"
+    text = str(exc) or type(exc).__name__
+    if "Connection refused" in text or isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is RabbitMQ running?)"
+    return text
+
+
+def to_pika(properties: Mapping[str, Any]) -> pika.BasicProperties:
+    return pika.BasicProperties(**{k: properties.get(k) for k in PROPERTY_NAMES})
+
+
+def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
+    return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}

@@ -1,0 +1,99 @@
+"""Argument parsing shared by the management commands (filters, durations)."""
+
+from __future__ import annotations
+
+import re
+from argparse import ArgumentParser
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from .models import ParkedMessage
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    m = _DURATION.match(text or "")
+    if not m:
+        raise ValueError(f"cannot read duration {text!r}: use e.g. 30d, 12h, 90m, 45s")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_when(text: str) -> datetime:
+    """An ISO date/datetime, or an age like '2h' meaning that long ago."""
+    value = parse_datetime(text)
+    if value is None:
+        d = parse_date(text)
+        if d is not None:
+            value = datetime(d.year, d.month, d.day)
+    if value is None:
+        try:
+            return timezone.now() - parse_duration(text)
+        except ValueError:
+            raise ValueError(
+                f"cannot read time {text!r}: use 2026-01-31, 2026-01-31T10:00 or 2h"
+            ) from None
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return value
+
+
+def add_filter_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--receiver", action="append", default=[], help="Receiver dotted path (repeatable)."
+    )
+    parser.add_argument("--queue", action="append", default=[], help="Queue name (repeatable).")
+    parser.add_argument(
+        "--error-type",
+        action="append",
+        default=[],
+        help="Exception type, e.g. ValueError (repeatable).",
+    )
+    parser.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        help="Park reason: exhausted, rejected, ... (repeatable).",
+    )
+    parser.add_argument("--since", help="Parked at or after (ISO date/datetime or an age like 2h).")
+    parser.add_argument("--until", help="Parked before (ISO date/datetime or an age like 2h).")
+    parser.add_argument(
+        "--id",
+        dest="ids",
+        action="append",
+        default=[],
+        help="Parked row id(s), comma separated (repeatable).",
+    )
+    parser.add_argument(
+        "--message-id", action="append", default=[], help="AMQP message id (repeatable)."
+    )
+
+
+def filtered_queryset(options: dict[str, Any]) -> QuerySet[ParkedMessage]:
+    qs = ParkedMessage.objects.all()
+    if options.get("receiver"):
+        qs = qs.filter(receiver__in=options["receiver"])
+    if options.get("queue"):
+        qs = qs.filter(queue__in=options["queue"])
+    if options.get("error_type"):
+        q = Q()
+        for et in options["error_type"]:
+            q |= Q(error_type=et) | Q(error_type__endswith="." + et)
+        qs = qs.filter(q)
+    if options.get("reason"):
+        qs = qs.filter(reason__in=options["reason"])
+    if options.get("since"):
+        qs = qs.filter(parked_at__gte=parse_when(options["since"]))
+    if options.get("until"):
+        qs = qs.filter(parked_at__lt=parse_when(options["until"]))
+    if options.get("ids"):
+        ids = [int(x) for chunk in options["ids"] for x in str(chunk).split(",") if x.strip()]
+        qs = qs.filter(pk__in=ids)
+    if options.get("message_id"):
+        qs = qs.filter(message_id__in=options["message_id"])
+    return qs

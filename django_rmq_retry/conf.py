@@ -1,0 +1,119 @@
+"""Settings for django-rmq-retry: one namespaced dict, read lazily.
+
+Every key lives in :data:`DEFAULTS`; projects override any of them in
+``settings.RMQ_RETRY``. Values are read on each access through :data:`app_settings`
+and the cache is dropped on ``setting_changed`` so ``override_settings`` just works.
+Nothing here runs at import time and nothing is written back onto ``django.conf.settings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver as django_receiver
+
+SETTING_NAME = "RMQ_RETRY"
+
+DEFAULTS: dict[str, Any] = {
+    # Where the broker is. amqp:// or amqps:// (TLS). The password is never printed.
+    "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672/%2F",
+    # TLS options for amqps:// URLs: paths to PEM files; None means the system defaults.
+    "TLS_CA_FILE": None,
+    "TLS_CERT_FILE": None,
+    "TLS_KEY_FILE": None,
+    # Prefix of every exchange, queue and header we own (two projects can share a vhost).
+    "PREFIX": "rmq_retry",
+    # Deliveries a consumer may hold unacked at once, per process.
+    "PREFETCH": 20,
+    # Receiver threads per consumer process (receivers never run on pika's I/O thread).
+    "THREADS": 1,
+    # AMQP heartbeat in seconds. 0 (disabled) is refused: dead peers would go unnoticed.
+    "HEARTBEAT": 60,
+    # Seconds a connection blocked by the broker (memory/disk alarm) waits before failing.
+    "BLOCKED_CONNECTION_TIMEOUT": 300,
+    # Seconds for the TCP connect and the AMQP handshake.
+    "CONNECT_TIMEOUT": 10,
+    # Reconnect backoff: starts at 0.5 s, doubles, capped at this many seconds.
+    "RECONNECT_MAX_DELAY": 30,
+    # Seconds a warm shutdown waits for in-flight receivers before it gives up.
+    "SHUTDOWN_TIMEOUT": 30,
+    # "classic" (default) or "quorum" for every queue we own.
+    "QUEUE_TYPE": "classic",
+    # Delay levels: level k holds messages RESOLUTION_MS * 2**k milliseconds. The longest
+    # delay is RESOLUTION_MS * (2**DELAY_LEVELS - 1); defaults: 100 ms steps, ~9.7 days.
+    "DELAY_RESOLUTION_MS": 100,
+    "DELAY_LEVELS": 23,
+    # Default retry policy for every receiver (a receiver's own or a RetryPolicy row wins).
+    "RETRY": {
+        "max_attempts": 5,
+        "initial_delay": 1.0,
+        "multiplier": 2.0,
+        "max_delay": 3600.0,
+        "jitter": "full",
+        "dont_retry": [],
+    },
+    # Seconds a consumer caches RetryPolicy rows; edits in the admin apply within this time.
+    "POLICY_CACHE_SECONDS": 10,
+    # Longest error message (characters) copied into message headers.
+    "ERROR_HEADER_MAX": 256,
+    # Deliveries of one message (redeliveries after crashes included) before it is parked
+    # with reason "delivery_limit" instead of being run again.
+    "DELIVERY_LIMIT": 5,
+    # Module name looked up in every installed app for receivers.
+    "DISCOVER_MODULE": "consumers",
+    # Seconds a parked-row claim may stay unfinished before another requeue may take it over.
+    "REQUEUE_CLAIM_TIMEOUT": 300,
+    # Rows per batch for requeue and purge.
+    "BATCH_SIZE": 500,
+}
+
+RETRY_KEYS = frozenset(DEFAULTS["RETRY"])
+
+
+class Settings:
+    """Lazy view over ``settings.RMQ_RETRY`` merged with :data:`DEFAULTS`."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def user_settings(self) -> Mapping[str, Any]:
+        value = getattr(settings, SETTING_NAME, {})
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ImproperlyConfigured(
+                f"settings.{SETTING_NAME} must be a dict, got {type(value).__name__}."
+            )
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(f"Unknown django-rmq-retry setting {name!r}")
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        user = self.user_settings()
+        value = user.get(name, DEFAULTS[name])
+        if name == "RETRY":
+            merged = dict(DEFAULTS["RETRY"])
+            merged.update(value or {})
+            value = merged
+        self._cache[name] = value
+        return value
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+app_settings = Settings()
+
+
+@django_receiver(setting_changed)
+def _reload(setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        app_settings.reload()

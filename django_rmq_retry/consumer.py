@@ -1,0 +1,693 @@
+"""The consumer loop behind ``manage.py rmq_consume``.
+
+One pika ``BlockingConnection`` owned by the main thread; receivers run in worker threads
+so a slow receiver never starves heartbeats. A worker turns a delivery into an *action*
+(ack, publish-a-retry-then-ack, release) and hands it back to the connection's thread with
+``add_callback_threadsafe``. Parking happens in the worker (it is database I/O) and the ack
+is only requested after the row is committed; a retry is only acked after the broker
+confirmed its copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import pika.exceptions as pex
+from django.db import DatabaseError, close_old_connections, connections
+
+from . import broker, signals, topology
+from .conf import app_settings
+from .delays import DelayLevels
+from .envelope import (
+    Failure,
+    Undecodable,
+    decode_body,
+    error_summary,
+    error_type_name,
+    original_route,
+    read_attempt,
+    read_int_header,
+    read_str_header,
+    retry_properties,
+)
+from .errors import BrokerUnavailable, TopologyError
+from .fingerprint import fingerprint, frames_of, library_roots
+from .message import Message
+from .names import Names
+from .outcome import Park, ParkReason, RetryLater, decide
+from .parking import ParkRequest, park
+from .policies import policy_cache
+from .topics import Receiver
+
+logger = logging.getLogger("django_rmq_retry.consumer")
+
+
+# Actions: what the connection's thread must do with a finished delivery ------------------
+@dataclass(frozen=True)
+class Ack:
+    kind: str = "handled"  # or "parked": what the stats count it as
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give the delivery back to the queue (shutdown while it could not be parked)."""
+
+
+@dataclass(frozen=True)
+class PublishRetry:
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any]
+    log_line: str
+    signal_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+Action = Ack | Release | PublishRetry
+
+
+@dataclass(frozen=True)
+class Delivery:
+    generation: int
+    tag: int
+    queue: str
+    receiver: Receiver | None  # None: the orphans queue
+    exchange: str
+    routing_key: str
+    redelivered: bool
+    properties: dict[str, Any]
+    body: bytes
+
+
+@dataclass
+class Stats:
+    handled: int = 0
+    retried: int = 0
+    parked: int = 0
+    released: int = 0
+    failed_publishes: int = 0
+    reconnects: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.handled + self.retried + self.parked
+
+
+def _utc_from_iso(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+class Consumer:
+    """Consume the given receivers' queues until stopped (or a bounded run ends)."""
+
+    def __init__(
+        self,
+        receivers: Sequence[Receiver],
+        *,
+        prefetch: int | None = None,
+        threads: int | None = None,
+        max_messages: int | None = None,
+        max_idle_time: float | None = None,
+        fail_fast: bool = False,
+        consume_orphans: bool = True,
+        shutdown_timeout: float | None = None,
+    ) -> None:
+        self.receivers = list(receivers)
+        self.names = topology.current_names()
+        self.levels: DelayLevels = topology.current_levels()
+        self.prefetch = int(prefetch or app_settings.PREFETCH)
+        self.threads = int(threads or app_settings.THREADS)
+        self.max_messages = max_messages
+        self.max_idle_time = max_idle_time
+        self.fail_fast = fail_fast
+        self.consume_orphans = consume_orphans
+        self.shutdown_timeout = float(
+            shutdown_timeout if shutdown_timeout is not None else app_settings.SHUTDOWN_TIMEOUT
+        )
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._generation = 0
+        self._connection: Any = None
+        self._channel: Any = None
+        self._publish_channel: Any = None
+        self._consumer_tags: list[str] = []
+        self._inflight: dict[int, Future[Action]] = {}
+        self._last_activity = time.monotonic()
+        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="rmq-receiver")
+        self._roots = library_roots()
+        self._rng = random.Random()
+        self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
+
+    # Public control -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Warm stop: safe to call from a signal handler (sets a flag, touches nothing else)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> Stats:
+        delay = 0.5
+        cap = float(app_settings.RECONNECT_MAX_DELAY)
+        first = True
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._connect_and_declare()
+                    delay = 0.5  # consuming again: the backoff starts over
+                    first = False
+                    self._consume_until_stopped()
+                    break
+                except TopologyError:
+                    raise
+                except BrokerUnavailable as exc:
+                    if first and self.fail_fast:
+                        raise
+                    if first and ("refused the login" in str(exc) or "denied access" in str(exc)):
+                        raise
+                    logger.error("%s; retrying in %.1fs", exc, delay)
+                except broker.CONNECTION_ERRORS as exc:
+                    logger.error(
+                        "connection to RabbitMQ lost (%s); reconnecting in %.1fs",
+                        broker.describe(exc),
+                        delay,
+                    )
+                self._abandon_connection()
+                self.stats.reconnects += 1
+                self._sleep(delay)
+                delay = min(cap, delay * 2)
+        finally:
+            self._close()
+        return self.stats
+
+    # Connection lifecycle -------------------------------------------------------------------
+    def _connect_and_declare(self) -> None:
+        self._generation += 1
+        self._connection = broker.connect(name="django-rmq-retry consumer")
+        channel = self._connection.channel()
+        topology.declare(channel, topology.plan(self.receivers, self.names, self.levels))
+        channel.basic_qos(prefetch_count=self.prefetch)
+        self._publish_channel = self._connection.channel()
+        self._publish_channel.confirm_delivery()
+        self._channel = channel
+        self._consumer_tags = []
+        queues = list(self._by_queue)
+        if self.consume_orphans:
+            queues.append(self.names.orphan_queue)
+        for queue in queues:
+            tag = channel.basic_consume(queue, self._make_callback(queue, self._generation))
+            self._consumer_tags.append(tag)
+        logger.info(
+            "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
+            len(queues),
+            broker.mask_url(app_settings.BROKER_URL),
+            self.prefetch,
+            self.threads,
+        )
+
+    def _abandon_connection(self) -> None:
+        """Forget a dead connection; unacked deliveries return to their queues by themselves."""
+        self._generation += 1
+        for fut in list(self._inflight.values()):
+            fut.cancel()
+        self._inflight.clear()
+        conn, self._connection = self._connection, None
+        self._channel = self._publish_channel = None
+        if conn is not None:
+            try:
+                if conn.is_open:
+                    conn.close()
+            except Exception:
+                logger.debug("closing a broken connection failed", exc_info=True)
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._connection is not None:
+            try:
+                if self._connection.is_open:
+                    self._connection.close()
+            except Exception:
+                logger.debug("closing the connection failed", exc_info=True)
+        self._connection = None
+        connections.close_all()
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    # Main loop ------------------------------------------------------------------------------
+    def _consume_until_stopped(self) -> None:
+        self._last_activity = time.monotonic()
+        while not self._stop.is_set():
+            self._connection.process_data_events(time_limit=0.05 if self._inflight else 0.25)
+            if self.max_messages is not None and self.stats.done >= self.max_messages:
+                logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
+                break
+            if (
+                self.max_idle_time is not None
+                and not self._inflight
+                and time.monotonic() - self._last_activity >= self.max_idle_time
+            ):
+                logger.info("idle for %.1fs; stopping (--max-idle-time)", self.max_idle_time)
+                break
+        self._warm_shutdown()
+
+    def _warm_shutdown(self) -> None:
+        """Stop consuming, let in-flight receivers finish and act on them, then return."""
+        for tag in self._consumer_tags:
+            try:
+                self._channel.basic_cancel(tag)
+            except broker.CONNECTION_ERRORS:
+                return
+        # Deliveries whose receiver has not started go back to the queue untouched.
+        for fut in list(self._inflight.values()):
+            fut.cancel()
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._inflight and time.monotonic() < deadline:
+            self._connection.process_data_events(time_limit=0.05)
+            for tag, fut in list(self._inflight.items()):
+                if fut.cancelled():
+                    self._inflight.pop(tag, None)
+        if self._inflight:
+            logger.warning(
+                "%d receiver(s) still running after %.0fs; their messages will be redelivered",
+                len(self._inflight),
+                self.shutdown_timeout,
+            )
+        self._connection.close()
+        self._connection = None
+
+    # Deliveries ----------------------------------------------------------------------------
+    def _make_callback(self, queue: str, generation: int) -> Callable[..., None]:
+        receiver = self._by_queue.get(queue)
+
+        def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            delivery = Delivery(
+                generation=generation,
+                tag=method.delivery_tag,
+                queue=queue,
+                receiver=receiver,
+                exchange=method.exchange,
+                routing_key=method.routing_key,
+                redelivered=bool(method.redelivered),
+                properties=broker.from_pika(properties),
+                body=body,
+            )
+            self._last_activity = time.monotonic()
+            if self._stop.is_set():
+                return  # not acked: goes back to the queue when we close
+            fut = self._pool.submit(self._process, delivery)
+            self._inflight[delivery.tag] = fut
+            fut.add_done_callback(lambda f, d=delivery: self._hand_back(d, f))
+
+        return on_message
+
+    def _hand_back(self, delivery: Delivery, fut: Future[Action]) -> None:
+        """Worker thread → connection thread."""
+        if fut.cancelled():
+            return
+        conn = self._connection
+        if conn is None or delivery.generation != self._generation:
+            return
+        try:
+            conn.add_callback_threadsafe(lambda: self._finish(delivery, fut))
+        except Exception:  # connection already gone: the message will be redelivered
+            logger.debug("could not hand back delivery %s", delivery.tag, exc_info=True)
+
+    def _finish(self, delivery: Delivery, fut: Future[Action]) -> None:
+        """Runs on the connection's thread."""
+        self._inflight.pop(delivery.tag, None)
+        self._last_activity = time.monotonic()
+        if delivery.generation != self._generation:
+            return
+        try:
+            action = fut.result()
+        except Exception:
+            logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
+            action = Release()
+        if isinstance(action, Ack):
+            self._channel.basic_ack(delivery.tag)
+            if action.kind == "parked":
+                self.stats.parked += 1
+            else:
+                self.stats.handled += 1
+        elif isinstance(action, Release):
+            self._channel.basic_nack(delivery.tag, requeue=True)
+            self.stats.released += 1
+        else:
+            try:
+                self._publish_channel.basic_publish(
+                    action.exchange,
+                    action.routing_key,
+                    action.body,
+                    broker.to_pika(action.properties),
+                    mandatory=True,
+                )
+            except (pex.NackError, pex.UnroutableError) as exc:
+                self.stats.failed_publishes += 1
+                logger.error(
+                    "retry copy of %s was not accepted by the broker (%s); the original "
+                    "returns to its queue",
+                    delivery.properties.get("message_id"),
+                    exc,
+                )
+                self._channel.basic_nack(delivery.tag, requeue=True)
+                return
+            self._channel.basic_ack(delivery.tag)
+            self.stats.retried += 1
+            logger.warning(action.log_line)
+            for _r, res in signals.message_retried.send_robust(**action.signal_kwargs):
+                if isinstance(res, Exception):
+                    logger.error("a message_retried signal receiver failed: %r", res)
+
+    # Worker side ---------------------------------------------------------------------------
+    def _process(self, d: Delivery) -> Action:
+        if d.generation != self._generation:
+            return Release()
+        close_old_connections()
+        try:
+            if d.receiver is None:
+                return self._park_orphan(d)
+            return self._run_receiver(d, d.receiver)
+        finally:
+            close_old_connections()
+
+    def _run_receiver(self, d: Delivery, rec: Receiver) -> Action:
+        headers = d.properties.get("headers") or {}
+        attempt, warning = read_attempt(headers, self.names)
+        if warning:
+            logger.warning("%s: message %s: %s", rec.name, d.properties.get("message_id"), warning)
+        exchange, routing_key = original_route(headers, d.exchange, d.routing_key, self.names)
+        start_key, over_limit = (
+            self._delivery_limit_check(d)
+            if d.redelivered or "x-delivery-count" in headers
+            else (None, None)
+        )
+        if over_limit is not None:
+            return self._park(d, rec, attempt, exchange, routing_key, over_limit, None, start_key)
+        try:
+            body = decode_body(
+                d.body, d.properties.get("content_type"), d.properties.get("content_encoding")
+            )
+        except Undecodable as exc:
+            return self._park(
+                d,
+                rec,
+                attempt,
+                exchange,
+                routing_key,
+                Park(ParkReason.UNDECODABLE, str(exc)),
+                None,
+                start_key,
+            )
+        message = Message(
+            body=body,
+            raw=d.body,
+            headers=dict(headers),
+            routing_key=routing_key,
+            exchange=exchange,
+            queue=d.queue,
+            receiver=rec.name,
+            message_id=d.properties.get("message_id"),
+            correlation_id=d.properties.get("correlation_id"),
+            content_type=d.properties.get("content_type"),
+            timestamp=_timestamp(d.properties.get("timestamp")),
+            attempt=attempt,
+            redelivered=d.redelivered,
+            requeued=read_int_header(headers, self.names.header("requeued")) or 0,
+            properties=d.properties,
+        )
+        try:
+            rec.func(message, receiver=rec, topic=rec.topic_for(routing_key))
+        except Exception as exc:
+            self._forget_start(start_key)
+            return self._after_failure(d, rec, message, exc)
+        self._forget_start(start_key)
+        return Ack()
+
+    def _after_failure(
+        self, d: Delivery, rec: Receiver, message: Message, exc: Exception
+    ) -> Action:
+        policy = policy_cache.for_receiver(rec)
+        decision = decide(
+            message.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self._rng
+        )
+        if isinstance(decision, Park):
+            return self._park(
+                d, rec, message.attempt, message.exchange, message.routing_key, decision, exc
+            )
+        assert isinstance(decision, RetryLater)
+        now = datetime.now(timezone.utc)
+        limit = int(app_settings.ERROR_HEADER_MAX)
+        failure = Failure(error_type_name(exc), error_summary(exc, limit), now)
+        plan = self.levels.plan(decision.delay * 1000)
+        delay_ms = plan.units * self.levels.resolution_ms
+        props = retry_properties(
+            d.properties,
+            names=self.names,
+            attempt=decision.next_attempt,
+            failure=failure,
+            exchange=message.exchange,
+            routing_key=message.routing_key,
+            target_queue=d.queue,
+            due_ms=int(now.timestamp() * 1000) + delay_ms,
+        )
+        exchange = (
+            self.names.delay_exchange(plan.first_level)
+            if plan.first_level is not None
+            else self.names.deliver_exchange
+        )
+        log_line = (
+            f"retry {rec.name} message {message.message_id} attempt "
+            f"{decision.next_attempt}/{policy.max_attempts} in {delay_ms / 1000:.1f}s "
+            f"after {failure.error_type}: {failure.error_message}"
+        )
+        return PublishRetry(
+            exchange=exchange,
+            routing_key=plan.routing_key,
+            body=d.body,
+            properties=props,
+            log_line=log_line,
+            signal_kwargs={
+                "sender": rec.name,
+                "message": message,
+                "attempt": message.attempt,
+                "delay": delay_ms / 1000,
+                "error": exc,
+            },
+        )
+
+    # Parking (worker thread) ----------------------------------------------------------------
+    def _park(
+        self,
+        d: Delivery,
+        rec: Receiver,
+        attempt: int,
+        exchange: str,
+        routing_key: str,
+        decision: Park,
+        exc: BaseException | None,
+        start_key: str | None = None,
+    ) -> Action:
+        headers = d.properties.get("headers") or {}
+        now = datetime.now(timezone.utc)
+        if exc is not None:
+            error_type = error_type_name(exc)
+            error_message = error_summary(exc, 10_000)
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            fp = fingerprint(error_type, frames_of(exc.__traceback__), self._roots, _base_dir())
+        else:
+            error_type = decision.reason.value
+            error_message = decision.detail
+            tb = ""
+            fp = f"{decision.reason.value}: {decision.detail.split(':')[0]}"
+        req = ParkRequest(
+            receiver=rec.name,
+            queue=d.queue,
+            exchange=exchange,
+            routing_key=routing_key,
+            body=d.body,
+            properties=d.properties,
+            reason=decision.reason.value,
+            reason_detail=decision.detail,
+            attempts=attempt,
+            redelivered=d.redelivered,
+            error_type=error_type,
+            error_message=error_message,
+            traceback=tb,
+            fingerprint=fp,
+            first_failure_at=_utc_from_iso(
+                read_str_header(headers, self.names.header("first-failure"))
+            )
+            or now,
+            last_failure_at=now,
+        )
+        action = self._store_parked(req, d)
+        if isinstance(action, Ack):
+            self._forget_start(start_key)
+            action = Ack("parked")
+            logger.warning(
+                "parked %s message %s after %d attempt(s): %s (%s)",
+                rec.name,
+                d.properties.get("message_id"),
+                attempt,
+                decision.reason.value,
+                error_message[:200],
+            )
+        return action
+
+    def _park_orphan(self, d: Delivery) -> Action:
+        headers = d.properties.get("headers") or {}
+        target = read_str_header(headers, self.names.target_header) or "?"
+        exchange, routing_key = original_route(headers, d.exchange, d.routing_key, self.names)
+        attempt, _warn = read_attempt(headers, self.names)
+        fake = Receiver(
+            func=lambda *a, **k: None,
+            name=_receiver_for_queue(target, self.names),
+            queue_suffix=None,
+        )
+        decision = Park(
+            ParkReason.ORPHANED, f"receiver queue {target!r} did not exist when the message was due"
+        )
+        d2 = Delivery(
+            d.generation,
+            d.tag,
+            target,
+            fake,
+            d.exchange,
+            d.routing_key,
+            d.redelivered,
+            d.properties,
+            d.body,
+        )
+        return self._park(d2, fake, attempt, exchange, routing_key, decision, None)
+
+    def _store_parked(self, req: ParkRequest, d: Delivery) -> Action:
+        """Commit the row, retrying while the database is down; never ack before the commit."""
+        delay = 0.5
+        logged = False
+        while True:
+            try:
+                park(req, names=self.names)
+                if logged:
+                    logger.warning(
+                        "database is back; parked message %s", req.properties.get("message_id")
+                    )
+                return Ack("parked")
+            except DatabaseError as exc:
+                if not logged:
+                    logger.error(
+                        "database unavailable, cannot park message %s of %s (%s); "
+                        "holding it unacked and retrying",
+                        req.properties.get("message_id"),
+                        req.receiver,
+                        " ".join(str(exc).split())[:200],
+                    )
+                    logged = True
+                close_old_connections()
+                for conn in connections.all():
+                    conn.close_if_unusable_or_obsolete()
+            if self._stop.wait(delay) or d.generation != self._generation:
+                return Release()
+            delay = min(delay * 2, 10.0)
+
+    # Delivery limit (a receiver that kills the process) ------------------------------------
+    def _delivery_limit_check(self, d: Delivery) -> tuple[str | None, Park | None]:
+        """Count receiver starts of a redelivered message; park it past ``DELIVERY_LIMIT``.
+
+        Quorum queues count for us (``x-delivery-count``); classic queues use a table row
+        that lives only while a redelivered message is being handled.
+        """
+        limit = int(app_settings.DELIVERY_LIMIT)
+        headers = d.properties.get("headers") or {}
+        broker_count = headers.get("x-delivery-count")
+        if isinstance(broker_count, int) and not isinstance(broker_count, bool):
+            if broker_count >= limit:
+                return None, Park(
+                    ParkReason.DELIVERY_LIMIT,
+                    f"delivered {broker_count + 1} times without finishing (limit {limit})",
+                )
+            return None, None
+        from django.db.models import F
+
+        from .models import DeliveryStart
+
+        key = hashlib.sha256(
+            "\x1f".join(
+                [
+                    d.queue,
+                    str(d.properties.get("message_id") or ""),
+                    hashlib.sha256(d.body).hexdigest(),
+                    str(headers.get(self.names.header("attempt"))),
+                    str(headers.get(self.names.header("requeued"))),
+                ]
+            ).encode()
+        ).hexdigest()
+        try:
+            row, created = DeliveryStart.objects.get_or_create(
+                key=key,
+                defaults={
+                    "queue": d.queue[:255],
+                    "starts": 1,
+                    "message_id": str(d.properties.get("message_id") or "")[:255],
+                },
+            )
+            if not created:
+                DeliveryStart.objects.filter(pk=row.pk).update(starts=F("starts") + 1)
+                row.refresh_from_db()
+        except DatabaseError as exc:
+            logger.warning(
+                "cannot record delivery start (%s); running without the delivery limit", exc
+            )
+            return None, None
+        if row.starts >= limit:
+            return key, Park(
+                ParkReason.DELIVERY_LIMIT,
+                f"the consumer died {row.starts} times while handling it (limit {limit})",
+            )
+        return key, None
+
+    def _forget_start(self, key: str | None) -> None:
+        if not key:
+            return
+        from .models import DeliveryStart
+
+        try:
+            DeliveryStart.objects.filter(key=key).delete()
+        except DatabaseError:
+            logger.debug("could not clear delivery start %s", key, exc_info=True)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
+
+
+def _receiver_for_queue(queue: str, names: Names) -> str:
+    prefix = names.prefix + "."
+    return queue[len(prefix) :] if queue.startswith(prefix) else queue
+
+
+def _base_dir() -> str:
+    from django.conf import settings
+
+    return str(getattr(settings, "BASE_DIR", "") or "")

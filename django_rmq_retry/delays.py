@@ -1,0 +1,70 @@
+"""From a delay to a route through the delay levels. Pure: standard library only.
+
+Level ``k`` is a queue whose per-queue TTL is ``resolution * 2**k`` and which dead-letters
+into the exchange of level ``k - 1`` (level 0 into the deliver exchange). Every message in one
+level's queue has the same TTL, so expiry order is arrival order and a short delay never waits
+behind a long one. The routing key spells the delay in binary, most significant level first,
+one word per level (``"0.1.1"`` for 3 units with 3 levels); level ``k``'s exchange sends the
+message into its queue if bit ``k`` is 1 and straight on to level ``k - 1`` if it is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DelayPlan:
+    """Where to publish a message that must wait ``units * resolution_ms``."""
+
+    units: int
+    first_level: int | None  # None: no wait, publish straight to the deliver exchange
+    routing_key: str
+
+    def waits_in(self) -> list[int]:
+        """Levels whose queues the message will sit in, in order (highest first)."""
+        bits = self.routing_key.split(".")
+        n = len(bits)
+        return [n - 1 - i for i, b in enumerate(bits) if b == "1"]
+
+
+@dataclass(frozen=True)
+class DelayLevels:
+    resolution_ms: int
+    levels: int
+
+    def __post_init__(self) -> None:
+        if self.resolution_ms < 1:
+            raise ValueError("delay resolution must be >= 1 ms")
+        if not 1 <= self.levels <= 32:
+            raise ValueError("delay levels must be between 1 and 32")
+
+    @property
+    def max_units(self) -> int:
+        return (1 << self.levels) - 1
+
+    @property
+    def max_delay_ms(self) -> int:
+        return self.max_units * self.resolution_ms
+
+    def ttl_ms(self, level: int) -> int:
+        return self.resolution_ms << level
+
+    def units_for(self, delay_ms: float) -> int:
+        """Round to the nearest unit; clamp to what the levels can hold."""
+        if delay_ms <= 0:
+            return 0
+        units = int(delay_ms / self.resolution_ms + 0.5)
+        return min(max(units, 0), self.max_units)
+
+    def plan(self, delay_ms: float) -> DelayPlan:
+        units = self.units_for(delay_ms)
+        key = ".".join("1" if units >> k & 1 else "0" for k in reversed(range(self.levels)))
+        first = units.bit_length() - 1 if units else None
+        return DelayPlan(units=units, first_level=first, routing_key=key)
+
+    def binding_key(self, level: int, bit: str) -> str:
+        """Topic pattern matching keys whose bit for ``level`` is ``bit`` (exact word count)."""
+        words = ["*"] * self.levels
+        words[self.levels - 1 - level] = bit
+        return ".".join(words)

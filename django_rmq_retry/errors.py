@@ -1,0 +1,44 @@
+"""Exceptions: the ones receivers raise to steer, and the ones we raise to callers."""
+
+from __future__ import annotations
+
+
+class Retry(Exception):
+    """Raised by a receiver to ask for another attempt, optionally after ``delay`` seconds.
+
+    The receiver's max attempts still apply: on the last attempt the message is parked.
+    """
+
+    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
+        super().__init__(reason or "retry requested")
+        if delay is not None and delay < 0:
+            raise ValueError("Retry(delay=...) must be >= 0 seconds")
+        self.delay = delay
+
+
+class Reject(Exception):
+    """Raised by a receiver to park the message at once, without retries."""
+
+    def __init__(self, reason: str = "rejected by receiver") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RmqRetryError(Exception):
+    """Base class of the errors this library raises to its callers."""
+
+
+class BrokerUnavailable(RmqRetryError):
+    """The broker could not be reached or refused us (one readable line, no secrets)."""
+
+
+class PublishError(RmqRetryError):
+    """A message was not confirmed by the broker (nacked, unroutable or connection lost)."""
+
+
+class UnroutableError(PublishError):
+    """The broker had no queue for the message (returned as mandatory)."""
+
+
+class TopologyError(RmqRetryError):
+    """Declaring our exchanges/queues failed, e.g. a queue exists with other arguments."""

@@ -1,0 +1,68 @@
+"""Failure groups: exception class plus the first frame in the project's own code.
+
+Pure: standard library only. The message text is left out on purpose so that "order 17 not
+found" and "order 18 not found" land in one group, and line numbers are left out so a deploy
+that shifts code does not split a group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterable
+from types import TracebackType
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_roots() -> tuple[str, ...]:
+    """Directories whose files are never 'project code' (stdlib, site-packages, us)."""
+    roots = {_PACKAGE_DIR}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.abspath(path))
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        roots.add(os.path.join(os.path.abspath(prefix), "lib"))
+    return tuple(sorted(roots))
+
+
+def is_project_file(filename: str, roots: Iterable[str]) -> bool:
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if "site-packages" in path.split(os.sep) or "dist-packages" in path.split(os.sep):
+        return False
+    return not any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+def project_frame(
+    frames: Iterable[tuple[str, str]], roots: Iterable[str]
+) -> tuple[str, str] | None:
+    """The innermost (filename, function) in project code, i.e. nearest to the raise."""
+    roots = tuple(roots)
+    found = None
+    for filename, function in frames:
+        if is_project_file(filename, roots):
+            found = (filename, function)
+    return found
+
+
+def fingerprint(
+    error_type: str, frames: Iterable[tuple[str, str]], roots: Iterable[str], base: str = ""
+) -> str:
+    frame = project_frame(frames, roots)
+    if frame is None:
+        return error_type[:255]
+    filename, function = frame
+    if base and os.path.abspath(filename).startswith(os.path.abspath(base) + os.sep):
+        filename = os.path.relpath(filename, base)
+    else:
+        filename = os.path.basename(filename)
+    return f"{error_type} at {filename}:{function}"[:255]
+
+
+def frames_of(tb: TracebackType | None) -> list[tuple[str, str]]:
+    return [(f.filename, f.name) for f in traceback.extract_tb(tb)]

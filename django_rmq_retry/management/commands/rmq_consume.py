@@ -1,0 +1,200 @@
+"""``manage.py rmq_consume``: run the consumer (the loop itself lives in consumer.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_rmq_retry import broker, topology
+from django_rmq_retry.conf import app_settings
+from django_rmq_retry.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry.policies import policy_cache
+from django_rmq_retry.topics import Receiver, default_registry
+
+VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = (
+        "Consume the queues of the given receivers (all by default), retrying and parking failures."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("receivers", nargs="*", help="Receiver dotted paths or queue names.")
+        parser.add_argument(
+            "--list",
+            action="store_true",
+            help="Show receivers, queues, bindings and the retry topology, then exit.",
+        )
+        parser.add_argument(
+            "--prefetch", type=int, help="Unacked deliveries held at once (default: PREFETCH)."
+        )
+        parser.add_argument("--threads", type=int, help="Receiver threads (default: THREADS).")
+        parser.add_argument(
+            "--max-messages",
+            type=int,
+            help="Stop after this many messages were handled, retried or parked.",
+        )
+        parser.add_argument(
+            "--max-idle-time", type=float, help="Stop after this many seconds without a message."
+        )
+        parser.add_argument(
+            "--fail-fast",
+            action="store_true",
+            help="Exit with an error if the broker cannot be reached at start (default: keep retrying).",
+        )
+        parser.add_argument(
+            "--setup-only", action="store_true", help="Declare the topology and exit."
+        )
+        parser.add_argument(
+            "--no-orphans", action="store_true", help="Do not consume the orphaned-retries queue."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        receivers = self._select(options["receivers"])
+        if options["list"]:
+            self._list(receivers)
+            return
+        if not receivers and not options["setup_only"]:
+            raise CommandError(
+                "No receivers are registered. Declare them with @receiver(topic) in a "
+                f"'{app_settings.DISCOVER_MODULE}.py' module of an installed app."
+            )
+        if options["setup_only"]:
+            self._setup(receivers)
+            return
+        from django_rmq_retry.consumer import Consumer
+
+        consumer = Consumer(
+            receivers,
+            prefetch=options["prefetch"],
+            threads=options["threads"],
+            max_messages=options["max_messages"],
+            max_idle_time=options["max_idle_time"],
+            fail_fast=options["fail_fast"],
+            consume_orphans=not options["no_orphans"],
+        )
+        restore = self._install_signal_handlers(consumer)
+        policy_cache.invalidate()
+        try:
+            stats = consumer.run()
+        except (BrokerUnavailable, TopologyError) as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            restore()
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Stopped: {stats.handled} handled, {stats.retried} retried, {stats.parked} parked, "
+                f"{stats.released} released, {stats.reconnects} reconnect(s)."
+            )
+        )
+
+    # Helpers -----------------------------------------------------------------------------------
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("django_rmq_retry")
+        logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+            logger.addHandler(handler)
+
+    def _select(self, wanted: list[str]) -> list[Receiver]:
+        if not wanted:
+            return default_registry.all()
+        chosen = []
+        for name in wanted:
+            rec = default_registry.find(name, app_settings.PREFIX)
+            if rec is None:
+                known = ", ".join(r.name for r in default_registry.all()) or "none"
+                raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
+            chosen.append(rec)
+        return chosen
+
+    def _setup(self, receivers: list[Receiver]) -> None:
+        try:
+            conn = broker.connect()
+        except BrokerUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            topology.declare(conn.channel(), topology.plan(receivers))
+        except TopologyError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            conn.close()
+        self.stdout.write(
+            self.style.SUCCESS(f"Topology declared for {len(receivers)} receiver(s).")
+        )
+
+    def _list(self, receivers: list[Receiver]) -> None:
+        from django_rmq_retry.policies import default_policy
+
+        names = topology.current_names()
+        levels = topology.current_levels()
+        out = self.stdout
+        out.write(f"Broker:        {broker.mask_url(app_settings.BROKER_URL)}")
+        out.write(f"Work exchange: {names.work_exchange} (topic)")
+        out.write(f"Queue type:    {app_settings.QUEUE_TYPE}")
+        out.write("")
+        if not receivers:
+            out.write("No receivers registered.")
+        for rec in receivers:
+            policy = policy_cache.for_receiver(rec) if rec.policy is None else rec.policy
+            out.write(self.style.MIGRATE_HEADING(rec.name))
+            out.write(f"  queue:    {rec.queue_name(names.prefix)}")
+            out.write(
+                f"  bindings: {', '.join(rec.routing_keys)} on {names.work_exchange}; "
+                f"{names.target_header}={rec.queue_name(names.prefix)} on {names.deliver_exchange}"
+            )
+            sched = ", ".join(f"{d:g}s" for d in policy.schedule()) or "none"
+            out.write(
+                f"  retry:    {policy.max_attempts} attempts, jitter {policy.jitter}, "
+                f"delays {sched}"
+            )
+        out.write("")
+        out.write(self.style.MIGRATE_HEADING("Retry topology"))
+        out.write(
+            f"  {levels.levels} delay levels, resolution {levels.resolution_ms} ms, longest "
+            f"delay {levels.max_delay_ms / 1000:,.1f}s ({levels.max_delay_ms / 86_400_000:.1f} days)"
+        )
+        for k in reversed(range(levels.levels)):
+            nxt = names.delay_exchange(k - 1) if k else names.deliver_exchange
+            out.write(f"  {names.delay_queue(k)}: TTL {levels.ttl_ms(k) / 1000:g}s → {nxt}")
+        out.write(
+            f"  {names.deliver_exchange} (headers on {names.target_header}) → receiver queue; "
+            f"unroutable → {names.orphan_exchange} → {names.orphan_queue} (parked)"
+        )
+        _ = default_policy
+
+    def _install_signal_handlers(self, consumer: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        received: list[int] = []
+        log = logging.getLogger("django_rmq_retry.consumer")
+
+        def handler(signum: int, frame: Any) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                consumer.request_stop()  # warm: finish in-flight work, then exit 0
+            else:
+                log.critical(
+                    "second %s: cold exit; unacked messages return to their queues",
+                    signal.Signals(signum).name,
+                )
+                os._exit(128 + signum)
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore

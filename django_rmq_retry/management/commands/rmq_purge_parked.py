@@ -1,0 +1,42 @@
+"""``manage.py rmq_purge_parked --older-than 30d``: retention for the parked table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_rmq_retry import parking
+from django_rmq_retry.cli import parse_duration
+from django_rmq_retry.models import ParkedStatus
+
+
+class Command(BaseCommand):
+    help = "Delete parked-message rows older than a given age (requeued and discarded by default)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than", required=True, help="Age such as 30d, 12h, 90m or 3600 (seconds)."
+        )
+        parser.add_argument(
+            "--include-parked",
+            action="store_true",
+            help="Also delete rows still parked (their messages are lost for good).",
+        )
+        parser.add_argument("--dry-run", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            age = parse_duration(options["older_than"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        statuses = [ParkedStatus.REQUEUED, ParkedStatus.DISCARDED]
+        if options["include_parked"]:
+            statuses.append(ParkedStatus.PARKED)
+        count = parking.purge(age, statuses=statuses, dry_run=options["dry_run"])
+        verb = "would delete" if options["dry_run"] else "deleted"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{verb} {count} row(s) parked before now - {options['older_than']}."
+            )
+        )

@@ -1,0 +1,179 @@
+"""Database state: parked messages, retry policy overrides, delivery bookkeeping."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .backoff import Policy, policy_errors
+
+
+class ParkReason(models.TextChoices):
+    EXHAUSTED = "exhausted", _("Retries exhausted")
+    REJECTED = "rejected", _("Rejected by receiver")
+    NON_RETRYABLE = "non_retryable", _("Non-retryable error")
+    UNDECODABLE = "undecodable", _("Undecodable body")
+    DELIVERY_LIMIT = "delivery_limit", _("Delivery limit (consumer kept dying)")
+    ORPHANED = "orphaned", _("Receiver queue missing")
+
+
+class ParkedStatus(models.TextChoices):
+    PARKED = "parked", _("Parked")
+    REQUEUING = "requeuing", _("Requeue in progress")
+    REQUEUED = "requeued", _("Requeued")
+    DISCARDED = "discarded", _("Discarded")
+
+
+class ParkedMessage(models.Model):
+    """A message that ran out of attempts (or could not be handled), kept bit for bit.
+
+    Everything needed to publish it again exactly is here (body bytes, every AMQP property,
+    headers, route, receiver); so is its failure story and what operators did with it.
+    """
+
+    # Idempotency: the delivery that produced the latest parking of this row.
+    park_key = models.CharField(_("park key"), max_length=64, unique=True)
+
+    receiver = models.CharField(_("receiver"), max_length=255)
+    queue = models.CharField(_("queue"), max_length=255)
+    exchange = models.CharField(_("exchange"), max_length=255, blank=True)
+    routing_key = models.CharField(_("routing key"), max_length=255, blank=True)
+    message_id = models.CharField(_("message id"), max_length=255, blank=True)
+    correlation_id = models.CharField(_("correlation id"), max_length=255, blank=True)
+
+    body = models.BinaryField(_("body"))
+    body_size = models.PositiveBigIntegerField(_("body size (bytes)"), default=0)
+    content_type = models.CharField(_("content type"), max_length=255, blank=True)
+    properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
+    headers = models.JSONField(_("headers"), default=dict, blank=True)
+
+    reason = models.CharField(_("reason"), max_length=20, choices=ParkReason.choices)
+    reason_detail = models.TextField(_("reason detail"), blank=True)
+    error_type = models.CharField(_("error type"), max_length=255, blank=True)
+    error_message = models.TextField(_("error message"), blank=True)
+    traceback = models.TextField(_("traceback"), blank=True)
+    fingerprint = models.CharField(
+        _("failure group"),
+        max_length=255,
+        blank=True,
+        help_text=_("Exception class and the first frame in project code; groups alike failures."),
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    first_failure_at = models.DateTimeField(_("first failure"), null=True, blank=True)
+    last_failure_at = models.DateTimeField(_("last failure"), null=True, blank=True)
+    parked_at = models.DateTimeField(_("parked at"))
+    park_count = models.PositiveIntegerField(
+        _("times parked"), default=1, help_text=_("Parkings of this message (after requeues).")
+    )
+
+    status = models.CharField(
+        _("status"), max_length=12, choices=ParkedStatus.choices, default=ParkedStatus.PARKED
+    )
+    status_changed_at = models.DateTimeField(_("status changed"), null=True, blank=True)
+    status_changed_by = models.CharField(_("changed by"), max_length=150, blank=True)
+    requeue_count = models.PositiveIntegerField(_("times requeued"), default=0)
+    claim_token = models.CharField(max_length=32, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    history = models.JSONField(_("history"), default=list, blank=True)
+
+    class Meta:
+        verbose_name = _("parked message")
+        verbose_name_plural = _("parked messages")
+        ordering = ("-parked_at", "-id")
+        permissions = [
+            ("requeue_parkedmessage", _("Can requeue parked messages")),
+            ("discard_parkedmessage", _("Can discard parked messages")),
+        ]
+        indexes = [
+            models.Index(fields=["status", "parked_at"], name="rmqr_parked_status_at"),
+            models.Index(fields=["receiver", "status"], name="rmqr_parked_receiver"),
+            models.Index(fields=["queue", "status"], name="rmqr_parked_queue"),
+            models.Index(fields=["error_type", "status"], name="rmqr_parked_error"),
+            models.Index(fields=["fingerprint", "status"], name="rmqr_parked_group"),
+            models.Index(fields=["reason", "status"], name="rmqr_parked_reason"),
+            models.Index(fields=["parked_at"], name="rmqr_parked_at"),
+            models.Index(fields=["message_id"], name="rmqr_parked_msgid"),
+            models.Index(fields=["claim_token"], name="rmqr_parked_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receiver} · {self.message_id or self.pk} ({self.get_status_display()})"
+
+
+class RetryPolicy(models.Model):
+    """Overrides a receiver's retry policy at run time; consumers pick it up within
+    ``POLICY_CACHE_SECONDS`` without a restart."""
+
+    class Jitter(models.TextChoices):
+        NONE = "none", _("None: base delay")
+        FULL = "full", _("Full: uniform(0, base)")
+        EQUAL = "equal", _("Equal: base/2 + uniform(0, base/2)")
+
+    receiver = models.CharField(
+        _("receiver"),
+        max_length=255,
+        unique=True,
+        help_text=_("Dotted path of the receiver function, as `rmq_consume --list` shows it."),
+    )
+    enabled = models.BooleanField(_("enabled"), default=True)
+    max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
+    initial_delay = models.FloatField(_("initial delay (s)"), default=1.0)
+    multiplier = models.FloatField(_("multiplier"), default=2.0)
+    max_delay = models.FloatField(_("max delay (s)"), default=3600.0)
+    jitter = models.CharField(_("jitter"), max_length=8, choices=Jitter.choices, default="full")
+    dont_retry = models.TextField(
+        _("never retry"),
+        blank=True,
+        help_text=_("Dotted exception class paths, one per line, that park at once."),
+    )
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("retry policy")
+        verbose_name_plural = _("retry policies")
+        ordering = ("receiver",)
+
+    def __str__(self) -> str:
+        return self.receiver
+
+    def dont_retry_list(self) -> tuple[str, ...]:
+        return tuple(line.strip() for line in self.dont_retry.splitlines() if line.strip())
+
+    def clean(self) -> None:
+        errors = policy_errors(
+            self.max_attempts, self.initial_delay, self.multiplier, self.max_delay, self.jitter
+        )
+        if errors:
+            raise ValidationError(errors)
+
+    def to_policy(self) -> Policy:
+        return Policy(
+            max_attempts=self.max_attempts,
+            initial_delay=self.initial_delay,
+            multiplier=self.multiplier,
+            max_delay=self.max_delay,
+            jitter=self.jitter,  # type: ignore[arg-type]
+            dont_retry=self.dont_retry_list(),
+        )
+
+
+class DeliveryStart(models.Model):
+    """Receiver starts of a redelivered message that never finished (the consumer died).
+
+    Written only for redelivered messages and deleted once the receiver returns, so it costs
+    nothing on the happy path and lets classic queues park a process-killing message.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    queue = models.CharField(max_length=255)
+    message_id = models.CharField(max_length=255, blank=True)
+    starts = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("delivery start")
+        verbose_name_plural = _("delivery starts")
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.message_id} ({self.starts} starts)"

@@ -1,0 +1,53 @@
+"""Names of every broker object and header we own, derived from one prefix.
+
+Pure: no Django, no pika. Everything on the wire goes through here so the prefix is the
+only knob and two projects sharing a vhost never collide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Names:
+    prefix: str
+
+    # Exchanges -------------------------------------------------------------------------
+    @property
+    def work_exchange(self) -> str:
+        """Topic exchange that ``Topic.send`` publishes to."""
+        return f"{self.prefix}.work"
+
+    @property
+    def deliver_exchange(self) -> str:
+        """Headers exchange that addresses exactly one receiver queue (retries, requeues)."""
+        return f"{self.prefix}.deliver"
+
+    @property
+    def orphan_exchange(self) -> str:
+        """Fanout alternate exchange of :attr:`deliver_exchange`: catches unroutable copies."""
+        return f"{self.prefix}.orphans"
+
+    def delay_exchange(self, level: int) -> str:
+        return f"{self.prefix}.delay.{level:02d}"
+
+    # Queues -----------------------------------------------------------------------------
+    @property
+    def orphan_queue(self) -> str:
+        """Retries whose receiver queue vanished while they waited; the consumer parks them."""
+        return f"{self.prefix}.orphans"
+
+    def delay_queue(self, level: int) -> str:
+        return f"{self.prefix}.delay.{level:02d}"
+
+    def receiver_queue(self, dotted_path: str) -> str:
+        return f"{self.prefix}.{dotted_path}"
+
+    # Headers (no ``x-``: RabbitMQ 4.x treats client ``x-`` headers specially) ----------
+    def header(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+    @property
+    def target_header(self) -> str:
+        return self.header("target")

@@ -1,0 +1,423 @@
+"""Parking and its operator actions: park, requeue, discard, purge.
+
+The admin and the management commands both call these functions; neither holds logic of
+its own. Guarantees:
+
+* **park** commits the row before the caller acks; parking the same delivery twice (a
+  redelivery after a crash between commit and ack) leaves one row.
+* **requeue** claims rows with a conditional UPDATE (PostgreSQL adds ``FOR UPDATE SKIP
+  LOCKED``), publishes each with confirms, and marks a row requeued only after its publish
+  was confirmed. Two operators, or a double click, never requeue a row twice; an
+  interrupted run releases its unpublished claims so a rerun skips nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from . import signals
+from .conf import app_settings
+from .envelope import (
+    headers_from_json,
+    json_safe_headers,
+    read_int_header,
+    read_str_header,
+    requeue_properties,
+)
+from .errors import PublishError
+from .models import ParkedMessage, ParkedStatus
+from .names import Names
+
+logger = logging.getLogger("django_rmq_retry.parking")
+
+MODE_RECEIVER = "receiver"  # back to the queue of the receiver it failed in
+MODE_TOPIC = "topic"  # to the work exchange with the original routing key (all receivers)
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """Everything known about a delivery that must be parked (built by the consumer)."""
+
+    receiver: str
+    queue: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: Mapping[str, Any]  # pika attribute names, headers included
+    reason: str
+    reason_detail: str
+    attempts: int
+    redelivered: bool
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    fingerprint: str = ""
+    first_failure_at: datetime | None = None
+    last_failure_at: datetime | None = None
+
+
+def park_key(req: ParkRequest, names: Names) -> str:
+    headers = req.properties.get("headers") or {}
+    parts = [
+        req.queue,
+        str(req.properties.get("message_id") or ""),
+        hashlib.sha256(req.body).hexdigest(),
+        str(req.attempts),
+        str(read_int_header(headers, names.header("requeued")) or 0),
+        req.reason,
+    ]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def _properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:
+    props = {k: v for k, v in properties.items() if k != "headers" and v is not None}
+    return json_safe_headers(props)
+
+
+def park(
+    req: ParkRequest, *, names: Names | None = None, using: str = "default"
+) -> tuple[ParkedMessage, bool]:
+    """Write (or re-open) the row for this delivery and commit. Returns (row, created).
+
+    Raises ``DatabaseError`` if the database is unavailable: the caller must then not ack.
+    """
+    names = names or Names(app_settings.PREFIX)
+    key = park_key(req, names)
+    headers = req.properties.get("headers") or {}
+    now = timezone.now()
+    event = {
+        "at": now.isoformat(),
+        "event": "parked",
+        "reason": req.reason,
+        "error_type": req.error_type,
+        "attempts": req.attempts,
+    }
+    fields = {
+        "receiver": req.receiver[:255],
+        "queue": req.queue[:255],
+        "exchange": req.exchange[:255],
+        "routing_key": req.routing_key[:255],
+        "message_id": str(req.properties.get("message_id") or "")[:255],
+        "correlation_id": str(req.properties.get("correlation_id") or "")[:255],
+        "body": req.body,
+        "body_size": len(req.body),
+        "content_type": str(req.properties.get("content_type") or "")[:255],
+        "properties": _properties_json(req.properties),
+        "headers": json_safe_headers(headers),
+        "reason": req.reason,
+        "reason_detail": req.reason_detail,
+        "error_type": req.error_type[:255],
+        "error_message": req.error_message,
+        "traceback": req.traceback,
+        "fingerprint": req.fingerprint[:255],
+        "attempts": req.attempts,
+        "first_failure_at": req.first_failure_at,
+        "last_failure_at": req.last_failure_at,
+        "parked_at": now,
+    }
+    parked_id = read_str_header(headers, names.header("parked-id"))
+    with transaction.atomic(using=using):
+        existing = ParkedMessage.objects.using(using).filter(park_key=key).first()
+        if existing is not None:
+            if not req.redelivered:
+                # Not a redelivery: an identical message was parked before. Count it.
+                ParkedMessage.objects.using(using).filter(pk=existing.pk).update(
+                    park_count=F("park_count") + 1
+                )
+            return existing, False
+        if parked_id and parked_id.isdigit():
+            row = (
+                ParkedMessage.objects.using(using)
+                .select_for_update()
+                .filter(pk=int(parked_id))
+                .first()
+            )
+            if row is not None:
+                for name, value in fields.items():
+                    setattr(row, name, value)
+                row.park_key = key
+                row.status = ParkedStatus.PARKED
+                row.status_changed_at = now
+                row.status_changed_by = ""
+                row.claim_token = ""
+                row.park_count = row.park_count + 1
+                row.history = [*(row.history or []), event][-50:]
+                row.save()
+                created = False
+                _after_park(row, req, created)
+                return row, created
+        row = ParkedMessage.objects.using(using).create(park_key=key, history=[event], **fields)
+        created = True
+    _after_park(row, req, created)
+    return row, created
+
+
+def _after_park(row: ParkedMessage, req: ParkRequest, created: bool) -> None:
+    def send() -> None:
+        for _receiver, result in signals.message_parked.send_robust(
+            sender=req.receiver, parked=row, reason=req.reason, created=created
+        ):
+            if isinstance(result, Exception):
+                logger.error("a message_parked signal receiver failed: %r", result)
+
+    transaction.on_commit(send)
+
+
+# --------------------------------------------------------------------------------------------
+# Requeue
+
+
+@dataclass
+class RequeueResult:
+    requeued: int = 0
+    failed: int = 0
+    skipped: int = 0
+    matched: int = 0
+    errors: list[str] = field(default_factory=list)
+    requeued_ids: list[int] = field(default_factory=list)
+
+    def add_error(self, text: str) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(text)
+
+
+def requeue_target(row: ParkedMessage, mode: str, names: Names) -> tuple[str, str, str | None]:
+    """(exchange, routing key, target queue header) for a requeue of ``row``."""
+    if mode == MODE_TOPIC:
+        return names.work_exchange, row.routing_key, None
+    return names.deliver_exchange, "", row.queue
+
+
+def row_properties(row: ParkedMessage) -> dict[str, Any]:
+    props = headers_from_json(row.properties)
+    props["headers"] = headers_from_json(row.headers)
+    return props
+
+
+def _claim(ids: list[int], token: str, stale_before: datetime, using: str) -> int:
+    claimable = Q(status=ParkedStatus.PARKED) | Q(
+        status=ParkedStatus.REQUEUING, claimed_at__lt=stale_before
+    )
+    with transaction.atomic(using=using):
+        qs = ParkedMessage.objects.using(using).filter(claimable, pk__in=ids)
+        conn = transaction.get_connection(using)
+        if conn.features.has_select_for_update_skip_locked:
+            ids = list(qs.select_for_update(skip_locked=True).values_list("pk", flat=True))
+            qs = ParkedMessage.objects.using(using).filter(claimable, pk__in=ids)
+        return qs.update(
+            status=ParkedStatus.REQUEUING, claim_token=token, claimed_at=timezone.now()
+        )
+
+
+def requeue(
+    queryset: QuerySet[ParkedMessage],
+    *,
+    user: str = "",
+    mode: str = MODE_RECEIVER,
+    limit: int | None = None,
+    batch_size: int | None = None,
+    dry_run: bool = False,
+    publisher: Any = None,
+    progress: Callable[[RequeueResult], None] | None = None,
+    names: Names | None = None,
+) -> RequeueResult:
+    """Requeue the parked rows of ``queryset`` in batches; memory stays flat for any count."""
+    from .publishing import get_publisher
+
+    if mode not in (MODE_RECEIVER, MODE_TOPIC):
+        raise ValueError(f"unknown requeue mode {mode!r}")
+    names = names or Names(app_settings.PREFIX)
+    batch_size = batch_size or int(app_settings.BATCH_SIZE)
+    using = queryset.db
+    result = RequeueResult()
+    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
+    candidates = queryset.filter(
+        Q(status=ParkedStatus.PARKED)
+        | Q(status=ParkedStatus.REQUEUING, claimed_at__lt=stale_before)
+    ).order_by("pk")
+    if dry_run:
+        result.matched = candidates.count() if limit is None else min(limit, candidates.count())
+        return result
+    publisher = publisher or get_publisher()
+    token = uuid.uuid4().hex
+    last_pk = 0
+    try:
+        while limit is None or result.requeued + result.failed < limit:
+            size = (
+                batch_size
+                if limit is None
+                else min(batch_size, limit - result.requeued - result.failed)
+            )
+            ids = list(candidates.filter(pk__gt=last_pk).values_list("pk", flat=True)[:size])
+            if not ids:
+                break
+            last_pk = ids[-1]
+            result.matched += len(ids)
+            claimed = _claim(ids, token, stale_before, using)
+            result.skipped += len(ids) - claimed
+            if claimed:
+                _publish_claimed(token, user, mode, publisher, names, using, result)
+            if progress:
+                progress(result)
+    finally:
+        # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us unpublished.
+        ParkedMessage.objects.using(using).filter(
+            claim_token=token, status=ParkedStatus.REQUEUING
+        ).update(status=ParkedStatus.PARKED, claim_token="", claimed_at=None)
+    return result
+
+
+def _publish_claimed(
+    token: str,
+    user: str,
+    mode: str,
+    publisher: Any,
+    names: Names,
+    using: str,
+    result: RequeueResult,
+) -> None:
+    done: list[int] = []
+    rows = ParkedMessage.objects.using(using).filter(
+        claim_token=token, status=ParkedStatus.REQUEUING
+    )
+    try:
+        for row in rows.order_by("pk").iterator(chunk_size=200):
+            exchange, routing_key, target = requeue_target(row, mode, names)
+            props = requeue_properties(
+                row_properties(row),
+                names=names,
+                exchange=row.exchange,
+                routing_key=row.routing_key,
+                target_queue=target,
+                parked_id=row.pk,
+                requeue_count=row.requeue_count + 1,
+            )
+            try:
+                publisher.publish_raw(exchange, routing_key, bytes(row.body), props)
+            except PublishError as exc:
+                result.failed += 1
+                result.add_error(f"#{row.pk}: {exc}")
+                ParkedMessage.objects.using(using).filter(pk=row.pk, claim_token=token).update(
+                    status=ParkedStatus.PARKED, claim_token="", claimed_at=None
+                )
+                if "publish failed" in str(exc) or "cannot reach" in str(exc):
+                    raise  # the broker is gone: stop, the finally block releases the rest
+                continue
+            done.append(row.pk)
+    finally:
+        if done:
+            _mark_requeued(done, token, user, mode, using, result)
+
+
+def _mark_requeued(
+    ids: list[int], token: str, user: str, mode: str, using: str, result: RequeueResult
+) -> None:
+    now = timezone.now()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        ParkedMessage.objects.using(using).filter(pk__in=chunk, claim_token=token).update(
+            status=ParkedStatus.REQUEUED,
+            status_changed_at=now,
+            status_changed_by=user[:150],
+            requeue_count=F("requeue_count") + 1,
+            claim_token="",
+            claimed_at=None,
+        )
+    result.requeued += len(ids)
+    if len(result.requeued_ids) < 1000:
+        result.requeued_ids.extend(ids[: 1000 - len(result.requeued_ids)])
+    signals.message_requeued.send_robust(
+        sender="django_rmq_retry", parked_ids=ids, user=user, mode=mode
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Discard and purge
+
+
+def discard(
+    queryset: QuerySet[ParkedMessage], *, user: str = "", batch_size: int | None = None
+) -> int:
+    """Mark parked rows discarded (kept for the record until purged). Returns the count."""
+    batch_size = batch_size or int(app_settings.BATCH_SIZE)
+    total = 0
+    last_pk = 0
+    base = queryset.filter(status=ParkedStatus.PARKED).order_by("pk")
+    while True:
+        ids = list(base.filter(pk__gt=last_pk).values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            break
+        last_pk = ids[-1]
+        changed = (
+            ParkedMessage.objects.using(queryset.db)
+            .filter(pk__in=ids, status=ParkedStatus.PARKED)
+            .update(
+                status=ParkedStatus.DISCARDED,
+                status_changed_at=timezone.now(),
+                status_changed_by=user[:150],
+            )
+        )
+        total += changed
+        if changed:
+            signals.message_discarded.send_robust(
+                sender="django_rmq_retry", parked_ids=ids, user=user
+            )
+    return total
+
+
+def purge(
+    older_than: timedelta,
+    *,
+    statuses: Iterable[str] = (ParkedStatus.REQUEUED, ParkedStatus.DISCARDED),
+    batch_size: int | None = None,
+    dry_run: bool = False,
+    using: str = "default",
+) -> int:
+    """Delete rows parked before now - ``older_than`` with one of ``statuses``, in batches."""
+    batch_size = batch_size or int(app_settings.BATCH_SIZE)
+    cutoff = timezone.now() - older_than
+    qs = ParkedMessage.objects.using(using).filter(parked_at__lt=cutoff, status__in=list(statuses))
+    if dry_run:
+        return qs.count()
+    total = 0
+    while True:
+        ids = list(qs.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            return total
+        total += ParkedMessage.objects.using(using).filter(pk__in=ids).delete()[0]
+
+
+def summary(queryset: QuerySet[ParkedMessage] | None = None) -> list[dict[str, Any]]:
+    """Parked counts grouped by receiver and failure group (like ServicePulse's groups)."""
+    from django.db.models import Count, Max, Min
+
+    qs = queryset if queryset is not None else ParkedMessage.objects.all()
+    return list(
+        qs.filter(status=ParkedStatus.PARKED)
+        .values("receiver", "fingerprint", "error_type")
+        .annotate(count=Count("id"), first=Min("parked_at"), last=Max("parked_at"))
+        .order_by("-count", "receiver")
+    )
+
+
+__all__ = [
+    "MODE_RECEIVER",
+    "MODE_TOPIC",
+    "ParkRequest",
+    "RequeueResult",
+    "discard",
+    "park",
+    "purge",
+    "requeue",
+    "summary",
+]
