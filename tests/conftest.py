@@ -1,0 +1,180 @@
+"""Shared fixtures: a real broker isolated per test by a unique prefix, and consumer runners.
+
+Broker tests never skip: if RabbitMQ is unreachable the test fails and says how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_rmq_retry import topology
+from django_rmq_retry.names import Names
+from django_rmq_retry.publishing import reset_publisher
+from django_rmq_retry.topics import default_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKER_URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def _broker_reachable() -> str | None:
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        conn.close()
+        return None
+    except Exception as exc:
+        return repr(exc)
+
+
+@pytest.fixture(scope="session")
+def broker_ok() -> None:
+    problem = _broker_reachable()
+    if problem:
+        pytest.fail(
+            f"RabbitMQ is not reachable at {BROKER_URL} ({problem}). Start it with "
+            "'rabbitmq-server -detached' (Debian package rabbitmq-server) or set RMQ_URL.",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def registry_snapshot() -> Iterator[None]:
+    """Restore the receiver registry after a test that registers receivers of its own."""
+    saved = dict(default_registry._by_name)
+    saved_topics = {k: list(v.topics) for k, v in saved.items()}
+    yield
+    default_registry._by_name.clear()
+    default_registry._by_name.update(saved)
+    for k, v in saved.items():
+        v.topics[:] = saved_topics[k]
+
+
+class Rmq:
+    """One test's private slice of the broker: every object it creates carries ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.names = Names(prefix)
+        self.conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        self.channel = self.conn.channel()
+
+    def ch(self) -> Any:
+        if not self.conn.is_open:
+            self.conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        if not self.channel.is_open:
+            self.channel = self.conn.channel()
+        return self.channel
+
+    def queue(self, receiver_short: str) -> str:
+        rec = default_registry.find(receiver_short, self.prefix)
+        assert rec is not None, receiver_short
+        return rec.queue_name(self.prefix)
+
+    def depth(self, queue: str) -> int:
+        return self.ch().queue_declare(queue, passive=True).method.message_count
+
+    def get_all(self, queue: str) -> list[tuple[Any, Any, bytes]]:
+        out = []
+        while True:
+            method, props, body = self.ch().basic_get(queue, auto_ack=True)
+            if method is None:
+                return out
+            out.append((method, props, body))
+
+    def cleanup(self) -> None:
+        plan = topology.plan(default_registry.all(), self.names)
+        ch = self.ch()
+        for q in plan.queues:
+            try:
+                ch.queue_delete(q.name)
+            except Exception:
+                ch = self.ch()
+        for name, _kind, _args in plan.exchanges:
+            try:
+                ch.exchange_delete(name)
+            except Exception:
+                ch = self.ch()
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rmq]:
+    """A unique prefix in settings, a clean publisher, a per-test handling log, cleanup after."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    log = tmp_path / "handled.jsonl"
+    monkeypatch.setenv("RMQ_TEST_LOG", str(log))
+    conf = {**settings.RMQ_RETRY, "PREFIX": prefix, "BROKER_URL": BROKER_URL}
+    with override_settings(RMQ_RETRY=conf):
+        reset_publisher()
+        helper = Rmq(prefix)
+        helper.log = log  # type: ignore[attr-defined]
+        try:
+            yield helper
+        finally:
+            reset_publisher()
+            helper.cleanup()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def subprocess_env(prefix: str, log: Path, **extra: str) -> dict[str, str]:
+    """Environment for a ``manage.py`` child that shares this test's broker slice and database."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        RMQ_PREFIX=prefix,
+        RMQ_URL=BROKER_URL,
+        RMQ_TEST_LOG=str(log),
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        env["DATABASE_URL"] = f"sqlite:///{s['NAME']}"
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+        )
+    env.update(extra)
+    return env
+
+
+def start_consumer(prefix: str, log: Path, *args: str, **env_extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "rmq_consume", *args],
+        cwd=str(ROOT),
+        env=subprocess_env(prefix, log, **env_extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -1,0 +1,40 @@
+"""Test settings: the demo project plus a test app whose receivers obey the message body."""
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import INSTALLED_APPS, RMQ_RETRY, env
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+
+RMQ_RETRY = {
+    **RMQ_RETRY,
+    "PREFIX": env("RMQ_PREFIX", default="rmq_retry_test"),
+    "RETRY": {
+        "max_attempts": 3,
+        "initial_delay": 0.1,
+        "multiplier": 2.0,
+        "max_delay": 1.0,
+        "jitter": "none",
+    },
+    "HEARTBEAT": env.int("RMQ_HEARTBEAT", default=60),
+    "SHUTDOWN_TIMEOUT": env.float("RMQ_SHUTDOWN_TIMEOUT", default=30),
+    "DELIVERY_LIMIT": env.int("RMQ_DELIVERY_LIMIT", default=5),
+    "QUEUE_TYPE": env("RMQ_QUEUE_TYPE", default="classic"),
+    "POLICY_CACHE_SECONDS": 1,
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_rmq_retry": {"handlers": ["console"], "level": "INFO", "propagate": True}},
+}
+
+# One test database per pytest process, so parallel runs (tox envs, a developer's two
+# terminals) never clobber each other; subprocesses get the name through DATABASE_URL.
+import os as _os
+
+from testproject.settings import DATABASES
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["TEST"] = {"NAME": f"/tmp/rmq_retry_test_{_os.getpid()}.sqlite3"}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_rmq_retry_{_os.getpid()}"}

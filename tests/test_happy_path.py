@@ -1,0 +1,65 @@
+"""Publish → rmq_consume → receiver → ack, against the real broker."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.core.management import call_command
+
+from tests.conftest import read_log, start_consumer, wait_for
+from tests.testapp.events import other, work
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+
+
+def consume(*args: str, **opts) -> None:
+    call_command("rmq_consume", *args, verbosity=0, **opts)
+
+
+def test_every_message_reaches_every_receiver_once(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    for i in range(50):
+        work.send({"id": i})
+    consume("alpha", "beta", max_messages=100, max_idle_time=5)
+    done = Counter((e["receiver"], e["id"]) for e in read_log(rmq.log) if e["event"] == "done")
+    assert len(done) == 100
+    assert set(done.values()) == {1}
+    assert rmq.depth(rmq.queue("alpha")) == 0
+    assert rmq.depth(rmq.queue("beta")) == 0
+
+
+def test_consumer_in_a_subprocess_counts_every_message(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    for i in range(30):
+        other.send({"id": i})
+    proc = start_consumer(
+        rmq.prefix, rmq.log, "gamma", "--max-messages", "30", "--max-idle-time", "10"
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "30 handled" in out
+    ids = sorted(e["id"] for e in read_log(rmq.log) if e["event"] == "done")
+    assert ids == list(range(30))
+
+
+def test_sigterm_loses_nothing(rmq):
+    """Warm shutdown mid-run: handled + still queued == published, nothing acked unhandled."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    total = 40
+    for i in range(total):
+        other.send({"id": i, "sleep": 0.05})
+    proc = start_consumer(rmq.prefix, rmq.log, "gamma", "--prefetch", "10")
+    assert wait_for(lambda: len([e for e in read_log(rmq.log) if e["event"] == "done"]) >= 5, 30)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    done = {e["id"] for e in read_log(rmq.log) if e["event"] == "done"}
+    assert 0 < len(done) < total
+    # Every started receiver finished (warm shutdown), the rest are back in the queue.
+    started = {e["id"] for e in read_log(rmq.log) if e["event"] == "start"}
+    assert started == done
+    time.sleep(0.5)
+    assert rmq.depth(rmq.queue("gamma")) == total - len(done)

@@ -1,0 +1,94 @@
+"""Receivers whose behaviour the message body dictates, logging every start and finish.
+
+Body keys (all optional): ``id``; ``fail``: fail the first N attempts (``"always"`` for every
+attempt); ``only``: list of receiver short names that should fail (others succeed);
+``sleep``: seconds to sleep; ``exit``: ``os._exit`` on attempts <= this number (process death);
+``reject``: raise Reject; ``retry_delay``: raise Retry(delay=...) instead of an error.
+
+Each start/finish is one JSON line appended to the file named by ``RMQ_TEST_LOG`` (when set),
+so a test in another process — or one that SIGKILLs the consumer — can count exactly.
+"""
+
+import json
+import os
+import time
+
+from django_rmq_retry import Reject, Retry, receiver
+
+from .events import other, work
+
+
+class Boom(Exception):
+    pass
+
+
+def _log(event, name, message):
+    path = os.environ.get("RMQ_TEST_LOG")
+    if not path:
+        return
+    body = message.body if isinstance(message.body, dict) else {}
+    line = json.dumps(
+        {
+            "event": event,
+            "receiver": name,
+            "id": body.get("id"),
+            "attempt": message.attempt,
+            "redelivered": message.redelivered,
+            "pid": os.getpid(),
+            "t": time.time(),
+        }
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd) if event == "done" else None
+    finally:
+        os.close(fd)
+
+
+def behave(name, message):
+    _log("start", name, message)
+    body = message.body if isinstance(message.body, dict) else {}
+    only = body.get("only")
+    applies = only is None or name in only
+    if applies and body.get("sleep"):
+        time.sleep(float(body["sleep"]))
+    if (
+        applies
+        and body.get("exit")
+        and message.attempt <= int(body["exit"])
+        and os.environ.get("RMQ_TEST_ALLOW_EXIT")
+    ):
+        os._exit(42)
+    if applies and body.get("reject"):
+        raise Reject(f"rejected {body.get('id')}")
+    fail = body.get("fail", 0)
+    if applies and (fail == "always" or (isinstance(fail, int) and message.attempt <= fail)):
+        if body.get("retry_delay") is not None:
+            raise Retry(delay=float(body["retry_delay"]))
+        raise Boom(f"boom {body.get('id')} attempt {message.attempt}")
+    _log("done", name, message)
+
+
+@receiver(work)
+def alpha(message, **kwargs):
+    behave("alpha", message)
+
+
+@receiver(work)
+def beta(message, **kwargs):
+    behave("beta", message)
+
+
+@receiver(
+    other,
+    retry={
+        "max_attempts": 10,
+        "initial_delay": 0.1,
+        "multiplier": 1.5,
+        "max_delay": 0.5,
+        "jitter": "none",
+    },
+)
+def gamma(message, **kwargs):
+    behave("gamma", message)
