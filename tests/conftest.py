@@ -5,6 +5,7 @@ Broker tests never skip: if RabbitMQ is unreachable the test fails and says how 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -106,10 +107,8 @@ class Rmq:
                 ch.exchange_delete(name)
             except Exception:
                 ch = self.ch()
-        try:
+        with contextlib.suppress(Exception):
             self.conn.close()
-        except Exception:
-            pass
 
 
 @pytest.fixture

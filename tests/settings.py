@@ -1,7 +1,9 @@
 """Test settings: the demo project plus a test app whose receivers obey the message body."""
 
+import os as _os
+
 from testproject.settings import *  # noqa: F403
-from testproject.settings import INSTALLED_APPS, RMQ_RETRY, env
+from testproject.settings import DATABASES, INSTALLED_APPS, RMQ_RETRY, env
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 
@@ -30,10 +32,6 @@ LOGGING = {
 
 # One test database per pytest process, so parallel runs (tox envs, a developer's two
 # terminals) never clobber each other; subprocesses get the name through DATABASE_URL.
-import os as _os
-
-from testproject.settings import DATABASES
-
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": f"/tmp/rmq_retry_test_{_os.getpid()}.sqlite3"}
 else:
