@@ -231,11 +231,10 @@ def retry_properties(
     headers = clean_headers(properties.get("headers"))
     h = names.header
     if props.get("expiration") is not None:
-        headers[h("original-expiration")] = props.pop("expiration")
-    props.pop("expiration", None)
+        headers[h("original-expiration")] = props["expiration"]
     if props.get("user_id") is not None:
-        headers[h("original-user-id")] = props.pop("user_id")
-    props.pop("user_id", None)
+        headers[h("original-user-id")] = props["user_id"]
+    props["expiration"] = props["user_id"] = None
     first = read_str_header(headers, h("first-failure")) or iso(failure.at)
     headers.update(
         {
@@ -271,10 +270,9 @@ def requeue_properties(
     h = names.header
     for key in ("attempt", "due", "first-failure", "last-failure", "error-type", "error"):
         headers.pop(h(key), None)
-    props.pop("expiration", None)
     if props.get("user_id") is not None:
-        headers[h("original-user-id")] = props.pop("user_id")
-    props.pop("user_id", None)
+        headers[h("original-user-id")] = props["user_id"]
+    props["expiration"] = props["user_id"] = None
     headers[h("original-exchange")] = exchange
     headers[h("original-routing-key")] = routing_key
     headers[h("requeued")] = requeue_count

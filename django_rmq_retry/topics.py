@@ -84,14 +84,20 @@ class Topic:
         retry: Policy | Mapping[str, Any] | None = None,
         registry: Registry | None = None,
     ) -> ReceiverFunc:
-        (registry or default_registry).register(func, [self], queue=queue, retry=retry)
+        (registry if registry is not None else default_registry).register(
+            func, [self], queue=queue, retry=retry
+        )
         return func
 
     def disconnect(self, func: ReceiverFunc, *, registry: Registry | None = None) -> bool:
-        return (registry or default_registry).unregister(func, self)
+        return (registry if registry is not None else default_registry).unregister(func, self)
 
     def receivers(self, registry: Registry | None = None) -> list[Receiver]:
-        return [r for r in (registry or default_registry).all() if self in r.topics]
+        return [
+            r
+            for r in (registry if registry is not None else default_registry).all()
+            if self in r.topics
+        ]
 
 
 @dataclass
@@ -262,7 +268,9 @@ def receiver(
     topics = [topic] if isinstance(topic, Topic) else list(topic)
 
     def decorator(func: ReceiverFunc) -> ReceiverFunc:
-        (registry or default_registry).register(func, topics, queue=queue, retry=retry)
+        (registry if registry is not None else default_registry).register(
+            func, topics, queue=queue, retry=retry
+        )
         return func
 
     return decorator

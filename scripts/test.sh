@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run the whole test suite: lint, migrations check, then pytest on SQLite and on PostgreSQL,
+# against the real RabbitMQ. Starts what it needs; says what is missing otherwise.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k requeue).
+source "$(dirname "$0")/_common.sh"
+ensure_venv dev
+ensure_debs
+ensure_rabbitmq
+PY="$VENV/bin/python"
+
+say "ruff"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+say "migrations are up to date"
+DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
+DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check --fail-level WARNING
+
+say "pytest on SQLite"
+"$PY" -m pytest "$@"
+
+if ensure_postgres; then
+  say "pytest on PostgreSQL"
+  DATABASE_URL="${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}" "$PY" -m pytest -m "not browser" "$@"
+elif [ -n "${CI:-}" ]; then
+  die "PostgreSQL is not reachable on 127.0.0.1:5432 (CI needs it: apt-get install postgresql)"
+else
+  say "PostgreSQL not available: skipped the PostgreSQL run (install postgresql to run it)"
+fi

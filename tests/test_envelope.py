@@ -1,0 +1,217 @@
+"""Pure tests of header handling and body decoding."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from django_rmq_retry.envelope import (
+    MAX_ATTEMPT,
+    Failure,
+    Undecodable,
+    clean_headers,
+    decode_body,
+    error_summary,
+    headers_from_json,
+    json_safe_headers,
+    original_route,
+    read_attempt,
+    requeue_properties,
+    retry_properties,
+)
+from django_rmq_retry.names import Names
+
+N = Names("p")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "warns"),
+    [
+        (None, 1, False),
+        (3, 3, False),
+        ("4", 4, False),
+        ("four", 1, True),
+        (-2, 1, True),
+        (0, 1, True),
+        ([1, 2], 1, True),
+        (True, 1, True),
+        (10**30, MAX_ATTEMPT, False),
+    ],
+)
+def test_read_attempt_never_trusts_a_bad_header(value, expected, warns):
+    headers = {} if value is None else {"p-attempt": value}
+    attempt, warning = read_attempt(headers, N)
+    assert attempt == expected
+    assert bool(warning) is warns
+
+
+def test_broker_headers_are_dropped():
+    headers = {
+        "x-death": [{}],
+        "x-first-death-queue": "q",
+        "x-last-death-reason": "expired",
+        "x-delivery-count": 2,
+        "x-acquired-count": 1,
+        "CC": ["a"],
+        "tenant": "acme",
+    }
+    assert clean_headers(headers) == {"tenant": "acme"}
+
+
+def _props(**extra):
+    base = {
+        "content_type": "application/json",
+        "content_encoding": None,
+        "headers": {"tenant": "acme", "x-death": [{"count": 1}]},
+        "delivery_mode": 2,
+        "priority": 5,
+        "correlation_id": "corr",
+        "reply_to": "replies",
+        "expiration": "60000",
+        "message_id": "m1",
+        "timestamp": 1700000000,
+        "type": "order",
+        "user_id": "guest",
+        "app_id": "shop",
+        "cluster_id": None,
+    }
+    base.update(extra)
+    return base
+
+
+def test_retry_copy_keeps_every_property_and_adds_ours():
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    props = retry_properties(
+        _props(),
+        names=N,
+        attempt=2,
+        failure=Failure("ValueError", "bad", at),
+        exchange="p.work",
+        routing_key="shop.order.paid",
+        target_queue="p.rec",
+        due_ms=123,
+    )
+    for key in (
+        "content_type",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "message_id",
+        "timestamp",
+        "type",
+        "app_id",
+    ):
+        assert props[key] == _props()[key]
+    h = props["headers"]
+    assert h["tenant"] == "acme" and "x-death" not in h
+    assert h["p-attempt"] == 2 and h["p-error-type"] == "ValueError" and h["p-error"] == "bad"
+    assert h["p-original-routing-key"] == "shop.order.paid" and h["p-target"] == "p.rec"
+    assert h["p-first-failure"] == h["p-last-failure"]
+    # expiration/user_id would break the delay path: kept in headers instead
+    assert props["expiration"] is None and props["user_id"] is None
+    assert h["p-original-expiration"] == "60000" and h["p-original-user-id"] == "guest"
+    assert not any(k.startswith("x-") for k in h)
+
+
+def test_first_failure_time_survives_later_retries():
+    first = retry_properties(
+        _props(),
+        names=N,
+        attempt=2,
+        failure=Failure("E", "m", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+        exchange="e",
+        routing_key="r",
+        target_queue="q",
+        due_ms=0,
+    )
+    second = retry_properties(
+        first,
+        names=N,
+        attempt=3,
+        failure=Failure("E", "m", datetime(2026, 1, 2, tzinfo=timezone.utc)),
+        exchange="e",
+        routing_key="r",
+        target_queue="q",
+        due_ms=0,
+    )
+    assert second["headers"]["p-first-failure"].startswith("2026-01-01")
+    assert second["headers"]["p-last-failure"].startswith("2026-01-02")
+
+
+def test_requeue_copy_resets_attempts_and_counts_requeues():
+    headers = {"p-attempt": 5, "p-error": "x", "p-target": "old", "tenant": "acme"}
+    props = requeue_properties(
+        _props(headers=headers),
+        names=N,
+        exchange="p.work",
+        routing_key="rk",
+        target_queue="p.rec",
+        parked_id=17,
+        requeue_count=2,
+    )
+    h = props["headers"]
+    assert "p-attempt" not in h and "p-error" not in h
+    assert h["p-requeued"] == 2 and h["p-parked-id"] == "17" and h["p-target"] == "p.rec"
+    assert h["tenant"] == "acme"
+
+
+def test_original_route_prefers_our_headers():
+    h = {"p-original-exchange": "p.work", "p-original-routing-key": "shop.x"}
+    assert original_route(h, "p.delay.00", "0.0.1", N) == ("p.work", "shop.x")
+    assert original_route({}, "p.work", "shop.y", N) == ("p.work", "shop.y")
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "expected"),
+    [
+        (b'{"a": 1}', "application/json", {"a": 1}),
+        (b'{"a": 1}', "application/vnd.api+json", {"a": 1}),
+        ("é".encode("latin-1"), "text/plain; charset=latin-1", "é"),
+        (b"hello", "text/plain", "hello"),
+        (b"\x00\xff", "application/octet-stream", b"\x00\xff"),
+        (b"\x00\xff", None, b"\x00\xff"),
+    ],
+)
+def test_decode_body(body, ctype, expected):
+    assert decode_body(body, ctype, None) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "encoding", "reason"),
+    [
+        (b"not json", "application/json", None, "not valid JSON"),
+        (b"", "application/json", None, "empty body"),
+        (b'"\xff"', "application/json", None, "not valid utf-8"),
+        (b"\xff", "text/plain", None, "not valid utf-8"),
+        (b"{}", "application/json", "gzip", "unsupported"),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", None, "nested too deeply"),
+    ],
+)
+def test_undecodable_bodies_have_a_readable_reason(body, ctype, encoding, reason):
+    with pytest.raises(Undecodable, match=reason):
+        decode_body(body, ctype, encoding)
+
+
+def test_error_summary_is_one_truncated_line():
+    text = error_summary(ValueError("line one\nline two " + "x" * 1000), 50)
+    assert "\n" not in text and len(text) == 50 and text.endswith("…")
+
+
+def test_error_summary_survives_a_broken_str():
+    class Weird(Exception):
+        def __str__(self):
+            raise RuntimeError
+
+    assert error_summary(Weird(), 100) == "<unprintable Weird>"
+
+
+def test_headers_round_trip_through_json():
+    headers = {
+        "b": b"\x00\x01",
+        "d": datetime(2026, 1, 1, tzinfo=timezone.utc),
+        "n": Decimal("1.5"),
+        "nested": {"list": [1, b"x"]},
+    }
+    assert headers_from_json(json_safe_headers(headers)) == headers
