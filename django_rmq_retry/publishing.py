@@ -191,16 +191,287 @@ class Publisher:
         content_type: str | None = None,
         **properties: Any,
     ) -> list[PublishResult]:
-        """Publish every body; returns once all are confirmed (see ``publish``)."""
-        results = []
+        """Publish every body with pipelined confirms; return once the broker confirmed all.
+
+        Up to ``_BATCH_WINDOW`` messages are in flight at once on a dedicated confirm-mode
+        channel, instead of one round trip per message. Every body is encoded before the
+        first one is sent, so a body that is not JSON serialisable publishes nothing.
+        If any message is nacked, returned as unroutable, or left unconfirmed (channel or
+        connection lost, no answer within the timeout), this raises ``PublishError``
+        (``UnroutableError`` if returns were the only failures). The exception carries
+        ``confirmed`` (the :class:`PublishResult` of every message the broker did confirm)
+        and ``failed`` (the message ids of the others); nothing unconfirmed is ever
+        reported as published.
+        """
+        exchange = Names(app_settings.PREFIX).work_exchange
+        items: list[_BatchItem] = []
+        for body in bodies:
+            data, ctype = encode_body(body, content_type)
+            props = build_properties(ctype, headers, properties)
+            items.append(_BatchItem(exchange, routing_key, data, broker.to_pika(props)))
+        if not items:
+            return []
         with self._lock:
-            for body in bodies:
-                results.append(
-                    self.publish(
-                        routing_key, body, headers=headers, content_type=content_type, **properties
-                    )
+            self._publish_batch(items)
+        return [PublishResult(i.properties.message_id, i.exchange, i.routing_key) for i in items]
+
+    def _batch_channel(self) -> _ConfirmPipeline:
+        self._ensure_channel()  # (re)connects; also notices a dead connection
+        pipe: _ConfirmPipeline | None = getattr(self, "_pipeline", None)
+        if pipe is None or not pipe.usable(self._connection):
+            pipe = _ConfirmPipeline(self._connection)
+            self._pipeline = pipe
+        return pipe
+
+    def _publish_batch(self, items: list[_BatchItem]) -> None:
+        """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
+        todo = list(range(len(items)))
+        for attempt in (1, 2):
+            try:
+                pipe = self._batch_channel()
+                outcome = pipe.run(items, todo)
+            except BrokerUnavailable as exc:
+                raise PublishError(str(exc)) from exc
+            except broker.CONNECTION_ERRORS as exc:
+                # The connection died mid-batch: which messages got through is unknown for
+                # every one not confirmed yet, so publish those again once (at-least-once,
+                # like publish_raw); the second loss is an error.
+                self._drop()
+                self._pipeline = None
+                todo = [i for i in todo if not items[i].confirmed]
+                if attempt == 2 or not todo:
+                    if not todo:
+                        return
+                    raise self._batch_error(
+                        items, f"publish failed: {broker.describe(exc)}", PublishError
+                    ) from exc
+                logger.warning(
+                    "publisher connection lost during a batch (%s); reconnecting and "
+                    "publishing the %d unconfirmed message(s) again",
+                    broker.describe(exc),
+                    len(todo),
                 )
-        return results
+                continue
+            if outcome.channel_error is not None:
+                self._pipeline = None
+                raise self._batch_error(
+                    items,
+                    f"publish to {items[0].exchange!r} failed: "
+                    f"{broker.describe(outcome.channel_error)}",
+                    PublishError,
+                )
+            if outcome.timed_out:
+                self._drop()
+                self._pipeline = None
+                raise self._batch_error(
+                    items, "the broker did not confirm every message in time", PublishError
+                )
+            nacked = sum(1 for i in items if i.nacked)
+            returned = sum(1 for i in items if i.returned)
+            if nacked or returned:
+                if nacked:
+                    raise self._batch_error(
+                        items,
+                        f"the broker refused (nacked) {nacked} message(s) to "
+                        f"{items[0].exchange!r}"
+                        + (f" and returned {returned} as unroutable" if returned else ""),
+                        PublishError,
+                    )
+                raise self._batch_error(
+                    items,
+                    f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
+                    f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
+                    UnroutableError,
+                )
+            return
+
+    @staticmethod
+    def _batch_error(items: list[_BatchItem], text: str, kind: type[PublishError]) -> PublishError:
+        confirmed = [
+            PublishResult(i.properties.message_id, i.exchange, i.routing_key)
+            for i in items
+            if i.confirmed
+        ]
+        failed = [i.properties.message_id for i in items if not i.confirmed]
+        exc = kind(f"{text} ({len(confirmed)} of {len(items)} confirmed)")
+        exc.confirmed = confirmed  # type: ignore[attr-defined]
+        exc.failed = failed  # type: ignore[attr-defined]
+        return exc
+
+
+#: Messages a batch keeps unconfirmed at once (bounds client memory, keeps the pipe full).
+_BATCH_WINDOW = 1000
+#: Seconds without any confirm after which a batch gives up (the messages count as failed).
+_BATCH_STALL_TIMEOUT = 30.0
+
+
+class _BatchItem:
+    """One message of a batch and what the broker said about it."""
+
+    __slots__ = ("body", "exchange", "properties", "returned", "routing_key", "state")
+
+    def __init__(self, exchange: str, routing_key: str, body: bytes, properties: Any) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.body = body
+        self.properties = properties
+        self.state = ""  # "" unsent/unknown, "ack", "nack"
+        self.returned = False
+
+    @property
+    def confirmed(self) -> bool:
+        """Acked by the broker and not returned: stored in at least one queue."""
+        return self.state == "ack" and not self.returned
+
+    @property
+    def nacked(self) -> bool:
+        return self.state == "nack"
+
+
+@dataclass
+class _BatchOutcome:
+    channel_error: BaseException | None = None
+    timed_out: bool = False
+
+
+class _ConfirmPipeline:
+    """A confirm-mode channel used without ``BlockingChannel``'s one-confirm-at-a-time wait.
+
+    ``BlockingChannel.basic_publish`` waits for each confirm before returning. Here the
+    channel's underlying pika ``Channel`` is put in confirm mode with our own ack/nack and
+    return callbacks; messages are written back to back and the connection's I/O loop is
+    pumped until every delivery tag is acked or nacked. The broker sends ``basic.return``
+    for an unroutable mandatory message before its ``basic.ack``, so a return is matched to
+    the oldest unconfirmed message with the same message id.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.blocking = connection.channel()
+        self.impl = self.blocking._impl
+        self.next_tag = 1
+        self.outstanding: dict[int, _BatchItem] = {}
+        self.by_message_id: dict[Any, list[int]] = {}
+        self.closed: BaseException | None = None
+        self.wake_at: int = -1  # wake the I/O loop once outstanding <= this
+        self._woken = False
+        self.impl.add_on_return_callback(self._on_return)
+        self.impl.add_on_close_callback(self._on_close)
+        ready: list[bool] = []
+        self.impl.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: ready.append(True)
+        )
+        deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
+        while not ready:
+            if self.closed is not None:
+                raise pex.ChannelClosed(0, f"confirm.select failed: {self.closed}")
+            if time.monotonic() > deadline:
+                raise pex.AMQPConnectionError("no confirm.select-ok from the broker")
+            self._pump(0.05)
+
+    def usable(self, connection: Any) -> bool:
+        return (
+            connection is self.connection
+            and self.closed is None
+            and self.impl.is_open
+            and not self.outstanding
+        )
+
+    # Callbacks (run inside the connection's I/O loop) ------------------------------------
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            self.connection.call_later(0, _noop)
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        state = "ack" if method.NAME == "Basic.Ack" else "nack"
+        tag = method.delivery_tag
+        if method.multiple:
+            done = []
+            for t in self.outstanding:  # insertion order == tag order
+                if t > tag:
+                    break
+                done.append(t)
+        else:
+            done = [tag] if tag in self.outstanding else []
+        for t in done:
+            item = self.outstanding.pop(t)
+            item.state = state
+            tags = self.by_message_id.get(item.properties.message_id)
+            if tags is not None:
+                if t in tags:
+                    tags.remove(t)
+                if not tags:
+                    del self.by_message_id[item.properties.message_id]
+        if len(self.outstanding) <= self.wake_at:
+            self._wake()
+
+    def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
+        for t in self.by_message_id.get(properties.message_id, ()):
+            item = self.outstanding.get(t)
+            if item is not None and not item.returned:
+                item.returned = True
+                break
+        else:
+            logger.error(
+                "a returned message (id %r) matches no message of this batch",
+                properties.message_id,
+            )
+
+    def _on_close(self, _channel: Any, reason: BaseException) -> None:
+        self.closed = reason
+        self._wake()
+
+    # Driving -----------------------------------------------------------------------------
+    def _pump(self, seconds: float) -> None:
+        self._woken = False
+        self.connection.process_data_events(time_limit=seconds)
+
+    def _wait_until(self, at_most: int) -> bool:
+        """Pump I/O until at most ``at_most`` messages are unconfirmed; False on a stall."""
+        last = len(self.outstanding)
+        deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
+        while len(self.outstanding) > at_most and self.closed is None:
+            self.wake_at = at_most
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._pump(min(remaining, 1.0))
+            if len(self.outstanding) < last:  # progress: the stall clock starts over
+                last = len(self.outstanding)
+                deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
+        self.wake_at = -1
+        return True
+
+    def run(self, items: list[_BatchItem], todo: list[int]) -> _BatchOutcome:
+        outcome = _BatchOutcome()
+        low = _BATCH_WINDOW // 2
+        for index in todo:
+            if len(self.outstanding) >= _BATCH_WINDOW and not self._wait_until(low):
+                outcome.timed_out = True
+                return outcome
+            if self.closed is not None:
+                break
+            item = items[index]
+            item.state = ""
+            item.returned = False
+            tag = self.next_tag
+            self.next_tag += 1
+            self.outstanding[tag] = item
+            self.by_message_id.setdefault(item.properties.message_id, []).append(tag)
+            self.impl.basic_publish(
+                item.exchange, item.routing_key, item.body, item.properties, mandatory=True
+            )
+        if self.closed is None and not self._wait_until(0):
+            outcome.timed_out = True
+        if self.closed is not None:
+            outcome.channel_error = self.closed
+        return outcome
+
+
+def _noop() -> None:
+    """Timer callback whose only job is to make ``process_data_events`` return."""
 
 
 _publisher: Publisher | None = None
