@@ -1,0 +1,136 @@
+"""``Topic.send_many`` / ``Publisher.publish_many``: pipelined confirms, counted on the broker.
+
+Every test counts what actually reached the queues: a batch that reports success must have
+stored every message, and a batch that fails must say exactly which messages were confirmed.
+"""
+
+from __future__ import annotations
+
+import pika
+import pytest
+from django.core.management import call_command
+
+from django_rmq_retry import PublishError
+from django_rmq_retry.errors import UnroutableError
+from django_rmq_retry.publishing import _BATCH_WINDOW, _BatchItem, get_publisher
+from tests.testapp.events import other, work
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+
+
+def _ids(messages) -> list[str]:
+    return [props.message_id for _m, props, _b in messages]
+
+
+def test_batch_larger_than_the_window_is_stored_once_each(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    n = _BATCH_WINDOW * 2 + 345  # several windows, the last one partial
+    results = work.send_many([{"id": i} for i in range(n)])
+    assert len(results) == n
+    assert len({r.message_id for r in results}) == n
+    for short in ("alpha", "beta"):  # both receivers of the topic get every message once
+        got = rmq.get_all(rmq.queue(short))
+        assert sorted(_ids(got)) == sorted(r.message_id for r in results)
+    assert rmq.depth(rmq.queue("gamma")) == 0
+
+
+def test_results_keep_input_order_and_bodies(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    results = other.send_many([{"id": i} for i in range(50)], headers={"h": "v"})
+    got = rmq.get_all(rmq.queue("gamma"))
+    assert _ids(got) == [r.message_id for r in results]  # one channel: order is kept
+    assert [b for _m, _p, b in got] == [f'{{"id":{i}}}'.encode() for i in range(50)]
+    assert all(p.headers == {"h": "v"} and p.delivery_mode == 2 for _m, p, _b in got)
+
+
+def test_empty_batch_publishes_nothing(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    assert work.send_many([]) == []
+    assert rmq.depth(rmq.queue("alpha")) == 0
+
+
+def test_unroutable_batch_raises_and_confirms_nothing(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with pytest.raises(UnroutableError) as info:
+        get_publisher().publish_many("nobody.listens", [{"id": i} for i in range(30)])
+    assert info.value.confirmed == []
+    assert len(info.value.failed) == 30
+    assert "30 message(s) were returned" in str(info.value)
+    # The publisher still works afterwards.
+    other.send_many([{"id": 1}])
+    assert rmq.depth(rmq.queue("gamma")) == 1
+
+
+def test_unroutable_messages_inside_a_batch_are_the_ones_reported(rmq):
+    """Returns are matched to their own message, even interleaved with routable ones."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    publisher = get_publisher()
+    with publisher._lock:
+        publisher._ensure_channel()
+    exchange = rmq.names.work_exchange
+    items = []
+    for i in range(40):
+        key = "test.other" if i % 3 else "nobody.listens"
+        props = pika.BasicProperties(message_id=f"m{i}", delivery_mode=2)
+        items.append(_BatchItem(exchange, key, b"{}", props))
+    with pytest.raises(UnroutableError) as info, publisher._lock:
+        publisher._publish_batch(items)
+    unroutable = {f"m{i}" for i in range(40) if i % 3 == 0}
+    assert set(info.value.failed) == unroutable
+    assert {r.message_id for r in info.value.confirmed} == {f"m{i}" for i in range(40)} - unroutable
+    stored = _ids(rmq.get_all(rmq.queue("gamma")))
+    assert sorted(stored) == sorted(r.message_id for r in info.value.confirmed)
+
+
+def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq):
+    """A full queue with overflow=reject-publish nacks: exactly the stored ones are confirmed."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    ch = rmq.ch()
+    queue = f"{rmq.prefix}.bounded"
+    ch.queue_declare(
+        queue, arguments={"x-max-length": 7, "x-overflow": "reject-publish"}, auto_delete=True
+    )
+    ch.queue_bind(queue, rmq.names.work_exchange, routing_key="bounded.key")
+    try:
+        with pytest.raises(PublishError) as info:
+            get_publisher().publish_many("bounded.key", [{"id": i} for i in range(25)])
+        assert not isinstance(info.value, UnroutableError)
+        assert "nacked" in str(info.value)
+        assert len(info.value.confirmed) == 7
+        assert len(info.value.failed) == 18
+        stored = _ids(rmq.get_all(queue))
+        assert sorted(stored) == sorted(r.message_id for r in info.value.confirmed)
+    finally:
+        rmq.ch().queue_delete(queue)
+
+
+def test_missing_exchange_raises_and_the_publisher_recovers(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    publisher = get_publisher()
+    with publisher._lock:
+        publisher._ensure_channel()  # connects and declares now
+    rmq.ch().exchange_delete(rmq.names.work_exchange)
+    with pytest.raises(PublishError) as info:
+        work.send_many([{"id": i} for i in range(5)])
+    assert "404" in str(info.value)
+    assert info.value.confirmed == []
+    call_command("rmq_consume", setup_only=True, verbosity=0)  # declare it again
+    assert len(work.send_many([{"id": i} for i in range(5)])) == 5
+    assert rmq.depth(rmq.queue("alpha")) == 5
+
+
+def test_a_body_that_is_not_json_publishes_nothing(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with pytest.raises(TypeError):
+        other.send_many([{"id": 1}, {"id": object()}])
+    assert rmq.depth(rmq.queue("gamma")) == 0
+
+
+def test_single_and_batch_sends_mix_on_one_publisher(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    other.send({"id": 0})
+    other.send_many([{"id": i} for i in range(1, 11)])
+    other.send({"id": 11})
+    other.send_many([{"id": i} for i in range(12, 20)])
+    bodies = [b for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
+    assert bodies == [f'{{"id":{i}}}'.encode() for i in range(20)]
