@@ -1,0 +1,198 @@
+"""Fault-injection helpers: exact tallies from the handling log and the parked rows, and the
+count table printed at the end of the session (``pytest_terminal_summary``).
+
+Counting rules (every scenario uses them):
+
+* a (receiver, id) pair is *handled* when the receiver logged ``done`` for it;
+* it is *parked* when a ``ParkedMessage`` row of that receiver carries that id in its body;
+* *duplicates* = extra ``done`` lines of one pair + pairs both handled and parked (both are
+  what at-least-once allows after a crash between the work and the ack);
+* *lost* = expected pairs that are neither handled nor parked once every queue we own is
+  empty. Lost must be 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import read_log
+
+ROWS: list[dict[str, Any]] = []
+COLUMNS = ("scenario", "published", "handled OK", "parked", "duplicates", "lost", "notes")
+
+
+def record(
+    scenario: str,
+    *,
+    published: int,
+    handled: int,
+    parked: int,
+    duplicates: int,
+    lost: int,
+    notes: str = "",
+) -> None:
+    row = {
+        "scenario": scenario,
+        "published": published,
+        "handled OK": handled,
+        "parked": parked,
+        "duplicates": duplicates,
+        "lost": lost,
+        "notes": notes,
+    }
+    ROWS.append(row)
+    print("\nCOUNTS " + " | ".join(f"{k}={row[k]}" for k in COLUMNS))
+
+
+def format_table(rows: Iterable[dict[str, Any]]) -> list[str]:
+    rows = list(rows)
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS}
+    line = "| " + " | ".join(c.ljust(widths[c]) for c in COLUMNS) + " |"
+    sep = "|" + "|".join("-" * (widths[c] + 2) for c in COLUMNS) + "|"
+    out = [line, sep]
+    for r in rows:
+        out.append("| " + " | ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS) + " |")
+    return out
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not ROWS:
+        return
+    terminalreporter.section("fault-injection count table")
+    for line in format_table(ROWS):
+        terminalreporter.write_line(line)
+    out = os.environ.get("FAULTS_TABLE_FILE")
+    if out:
+        Path(out).write_text("\n".join(format_table(ROWS)) + "\n")
+
+
+# Tally ------------------------------------------------------------------------------------
+def short(receiver: str) -> str:
+    return receiver.rsplit(".", 1)[-1]
+
+
+def body_id(body: bytes) -> Any:
+    try:
+        data = json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data.get("id") if isinstance(data, dict) else None
+
+
+@dataclass
+class Tally:
+    expected: dict[tuple[str, Any], str]  # (receiver short name, id) -> "done" | "parked"
+    done: Counter[tuple[str, Any]] = field(default_factory=Counter)
+    parked: dict[tuple[str, Any], Any] = field(default_factory=dict)  # -> ParkedMessage row
+
+    def refresh(self, log: Path) -> Tally:
+        from django_rmq_retry.models import ParkedMessage
+
+        self.done = Counter((e["receiver"], e["id"]) for e in read_log(log) if e["event"] == "done")
+        self.parked = {}
+        for row in ParkedMessage.objects.all().iterator():
+            self.parked[(short(row.receiver), body_id(row.body))] = row
+        return self
+
+    @property
+    def lost(self) -> list[tuple[str, Any]]:
+        return [k for k in self.expected if k not in self.done and k not in self.parked]
+
+    @property
+    def handled_ok(self) -> int:
+        return sum(1 for k in self.expected if k in self.done)
+
+    @property
+    def parked_count(self) -> int:
+        return sum(1 for k in self.expected if k in self.parked)
+
+    @property
+    def duplicates(self) -> int:
+        extra = sum(n - 1 for n in self.done.values() if n > 1)
+        both = sum(1 for k in self.parked if k in self.done)
+        return extra + both
+
+    def complete(self) -> bool:
+        return not self.lost
+
+    def wrong_outcome(self) -> list[str]:
+        """Pairs that ended the wrong way (handled but should park, or the reverse)."""
+        bad = []
+        for k, want in self.expected.items():
+            if want == "done" and k not in self.done:
+                bad.append(f"{k} expected done, got {'parked' if k in self.parked else 'nothing'}")
+            if want == "parked" and k not in self.parked:
+                bad.append(f"{k} expected parked, got {'done' if k in self.done else 'nothing'}")
+        return bad
+
+
+# Processes --------------------------------------------------------------------------------
+def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> str:
+    """Signal one child we started (by its pid), reap it, return its output."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, sig)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    if proc.poll() is not None:
+        out, _ = proc.communicate()
+        return out or ""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return kill(proc)
+    return out or ""
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Children started by a test; any still running at teardown are killed (by pid)."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            kill(p)
+
+
+def queues_empty(rmq: Any) -> bool:
+    """Every receiver, delay and orphan queue of this test's prefix is empty."""
+    from django_rmq_retry import topology
+    from django_rmq_retry.topics import default_registry
+
+    plan = topology.plan(default_registry.all(), rmq.names)
+    for q in plan.queues:
+        try:
+            if rmq.depth(q.name):
+                return False
+        except Exception:
+            return False
+    return True
+
+
+def settle(rmq: Any, tally: Tally, timeout: float) -> bool:
+    """Wait until every expected pair is accounted for and every queue is empty."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tally.refresh(rmq.log).complete() and queues_empty(rmq):
+            return True
+        time.sleep(0.5)
+    return tally.refresh(rmq.log).complete() and queues_empty(rmq)
