@@ -55,6 +55,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-orphans", action="store_true", help="Do not consume the orphaned-retries queue."
         )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=1,
+            help="Run this many consumer processes under a supervisor that restarts any that "
+            "dies and forwards SIGTERM/SIGINT (default: 1, no supervisor). --max-messages "
+            "then applies to each process.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
@@ -69,6 +77,11 @@ class Command(BaseCommand):
             )
         if options["setup_only"]:
             self._setup(receivers)
+            return
+        if options["processes"] < 1:
+            raise CommandError("--processes must be at least 1.")
+        if options["processes"] > 1:
+            self._supervise(options)
             return
         from django_rmq_retry.consumer import Consumer
 
@@ -94,6 +107,39 @@ class Command(BaseCommand):
                 f"Stopped: {stats.handled} handled, {stats.retried} retried, {stats.parked} parked, "
                 f"{stats.released} released, {stats.reconnects} reconnect(s)."
             )
+        )
+
+    def _supervise(self, options: dict[str, Any]) -> None:
+        from django.conf import settings
+
+        from django_rmq_retry import supervisor
+
+        args: list[str] = list(options["receivers"])
+        for name in ("prefetch", "threads", "max_messages", "max_idle_time"):
+            if options[name] is not None:
+                args += [f"--{name.replace('_', '-')}", str(options[name])]
+        for name in ("fail_fast", "no_orphans"):
+            if options[name]:
+                args.append(f"--{name.replace('_', '-')}")
+        args += ["--verbosity", str(options["verbosity"])]
+        sup = supervisor.Supervisor(
+            supervisor.consumer_command(args, settings.SETTINGS_MODULE),
+            options["processes"],
+            env=supervisor.child_environment(),
+        )
+        restore = (
+            sup.install_signal_handlers()
+            if threading.current_thread() is threading.main_thread()
+            else (lambda: None)
+        )
+        try:
+            code = sup.run()
+        finally:
+            restore()
+        if code:
+            raise CommandError("a consumer process exited with an error (see the log above).")
+        self.stdout.write(
+            self.style.SUCCESS(f"Stopped: all {options['processes']} consumer processes exited.")
         )
 
     # Helpers -----------------------------------------------------------------------------------

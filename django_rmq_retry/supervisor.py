@@ -1,0 +1,248 @@
+"""``rmq_consume --processes N``: run N consumer processes and keep them running.
+
+The supervisor never talks to RabbitMQ itself. It starts each consumer as a fresh
+interpreter (``python -m django rmq_consume ...``) rather than forking, so no pika socket,
+thread or database connection is ever shared with a child; database connections of the
+supervisor are closed before every start all the same.
+
+* A child that dies (non-zero exit, killed by a signal) is started again after a backoff
+  that doubles while it keeps dying young (0.5 s up to 30 s) and starts over once a child
+  has lived a while. Each death and restart is logged.
+* A child that exits 0 finished on purpose (``--max-messages``, ``--max-idle-time``) and is
+  not restarted.
+* SIGTERM or SIGINT to the supervisor is forwarded once to every child, which shuts down
+  warm (finishes in-flight messages); a second signal is forwarded again (cold exit).
+  Children run in their own process group, so a Ctrl-C in a terminal reaches them only
+  through the supervisor, and on Linux a child gets SIGTERM if the supervisor itself dies.
+* The supervisor exits when every child has exited: 0 if all of them exited 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("django_rmq_retry.supervisor")
+
+#: A child that lived at least this long is considered healthy: its backoff starts over.
+HEALTHY_AFTER = 10.0
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+POLL_INTERVAL = 0.1
+
+
+@dataclass
+class Slot:
+    """One of the N consumer processes, across its restarts."""
+
+    number: int
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    backoff: float = BACKOFF_START
+    restart_at: float | None = None
+    restarts: int = 0
+    finished: bool = False
+    last_code: int | None = None
+    history: list[int] = field(default_factory=list)
+
+
+def consumer_command(args: Sequence[str], settings_module: str | None = None) -> list[str]:
+    """The command line of one child: this interpreter, ``-m django rmq_consume``, ``args``."""
+    cmd = [sys.executable, "-m", "django", "rmq_consume", *args]
+    if settings_module and not any(a == "--settings" or a.startswith("--settings=") for a in args):
+        cmd += ["--settings", settings_module]
+    return cmd
+
+
+def child_environment() -> dict[str, str]:
+    """The supervisor's environment, plus the project's root on ``PYTHONPATH``.
+
+    ``manage.py`` puts its own directory on ``sys.path``; ``python -m django`` does not,
+    so the directory that holds the settings package is added explicitly.
+    """
+    env = dict(os.environ)
+    roots: list[str] = []
+    try:
+        from django.conf import settings
+
+        module = sys.modules.get(settings.SETTINGS_MODULE.split(".")[0])
+        path = getattr(module, "__file__", None)
+        if path:
+            roots.append(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    except Exception:  # settings not configured: keep the environment as it is
+        logger.debug("could not locate the settings package", exc_info=True)
+    if sys.argv and sys.argv[0].endswith("manage.py"):
+        roots.append(os.path.dirname(os.path.abspath(sys.argv[0])))
+    old = env.get("PYTHONPATH")
+    parts = [*dict.fromkeys(roots), *([old] if old else [])]
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:  # no prctl: the child just outlives a killed supervisor
+            pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Start ``processes`` children running ``command`` and supervise them until they end."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        before_start: Callable[[], None] | None = None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        self.command = list(command)
+        self.env = env
+        self.cwd = cwd
+        self.slots = [Slot(n) for n in range(1, processes + 1)]
+        self.before_start = before_start or _close_database_connections
+        self._signals: list[int] = []
+        self._forwarded = 0
+
+    # Signals ------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals.append(signum)  # acted upon by the main loop, never here
+
+    def install_signal_handlers(self) -> Callable[[], None]:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._signals)
+
+    # Children -----------------------------------------------------------------------------
+    def _start(self, slot: Slot) -> None:
+        self.before_start()
+        slot.proc = subprocess.Popen(
+            self.command, env=self.env, cwd=self.cwd, preexec_fn=_child_setup
+        )
+        slot.started_at = time.monotonic()
+        slot.restart_at = None
+        logger.info(
+            "started consumer process %d/%d (pid %d)", slot.number, len(self.slots), slot.proc.pid
+        )
+
+    def _reap(self, slot: Slot) -> None:
+        assert slot.proc is not None
+        code = slot.proc.returncode
+        pid = slot.proc.pid
+        lived = time.monotonic() - slot.started_at
+        slot.proc = None
+        slot.last_code = code
+        slot.history.append(code)
+        if self.stopping:
+            log = logger.info if code == 0 else logger.warning
+            log("consumer process %d (pid %d) stopped: %s", slot.number, pid, describe_exit(code))
+            slot.finished = True
+            return
+        if code == 0:
+            logger.info(
+                "consumer process %d (pid %d) finished (exit code 0); not restarting",
+                slot.number,
+                pid,
+            )
+            slot.finished = True
+            return
+        slot.backoff = BACKOFF_START if lived >= HEALTHY_AFTER else slot.backoff
+        slot.restart_at = time.monotonic() + slot.backoff
+        slot.restarts += 1
+        logger.error(
+            "consumer process %d (pid %d) died after %.1fs (%s); restarting in %.1fs",
+            slot.number,
+            pid,
+            lived,
+            describe_exit(code),
+            slot.backoff,
+        )
+        slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
+
+    def _forward(self, signum: int) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signum)
+        logger.warning(
+            "%s: forwarded to %d consumer process(es)%s",
+            signal.Signals(signum).name,
+            sum(1 for s in self.slots if s.proc is not None),
+            " (warm shutdown)" if self._forwarded == 0 else " (cold exit)",
+        )
+        self._forwarded += 1
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.slots if s.proc is not None]
+
+    def run(self) -> int:
+        """Supervise until every child has exited; returns 0 if all exited 0."""
+        for slot in self.slots:
+            self._start(slot)
+        while True:
+            while len(self._signals) > self._forwarded:
+                self._forward(self._signals[self._forwarded])
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    self._reap(slot)
+                if (
+                    slot.proc is None
+                    and not slot.finished
+                    and slot.restart_at is not None
+                    and not self.stopping
+                    and time.monotonic() >= slot.restart_at
+                ):
+                    self._start(slot)
+                if slot.proc is None and self.stopping and not slot.finished:
+                    slot.finished = True  # was waiting for its restart: nothing to stop
+                    slot.last_code = None
+            if all(s.finished for s in self.slots):
+                break
+            time.sleep(POLL_INTERVAL)
+        failed = [s for s in self.slots if s.last_code not in (0, None)]
+        return 0 if not failed else 1
+
+
+def _close_database_connections() -> None:
+    try:
+        from django.db import connections
+
+        connections.close_all()
+    except Exception:  # Django not set up (plain use of Supervisor): nothing to close
+        logger.debug("closing database connections failed", exc_info=True)
