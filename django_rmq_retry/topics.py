@@ -232,10 +232,16 @@ class Registry:
         exact = self._by_name.get(name_or_queue)
         if exact:
             return exact
+        by_queue = [
+            r for r in self.all() if name_or_queue in (r.queue_suffix, r.queue_name(prefix))
+        ]
+        if len(by_queue) == 1:
+            return by_queue[0]
         candidates = [
             r
             for r in self.all()
             if r.queue_name(prefix) == name_or_queue
+            or r.queue_suffix == name_or_queue
             or r.name.endswith("." + name_or_queue)
             or r.name.split(".")[-1] == name_or_queue
         ]
