@@ -1,0 +1,699 @@
+"""Admin for parked messages (view-only rows, permission-gated actions) and retry policies.
+
+Every action calls the service functions in :mod:`django_rmq_retry.parking`, the same ones
+``manage.py rmq_requeue`` uses; nothing here talks to the broker or decides anything itself.
+Everything shown from a message (body, headers, errors) goes through Django's escaping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from . import parking
+from .envelope import is_json_type, parse_content_type
+from .errors import RmqRetryError
+from .models import ParkedMessage, ParkedStatus, RetryPolicy
+from .topics import default_registry
+
+logger = logging.getLogger("django_rmq_retry.admin")
+
+#: Bytes of a body shown as text or JSON on the detail page; the rest is cut off.
+BODY_PREVIEW_BYTES = 64 * 1024
+#: Bytes of a binary body shown as a hex dump (a hex dump is ~5x the size of its input).
+HEX_PREVIEW_BYTES = 16 * 1024
+#: Query-string keys of the changelist that are not filters.
+_NOT_FILTERS = frozenset({"p", "o", "e", "_changelist_filters", "_to_field", "_popup"})
+
+
+# --------------------------------------------------------------------------------------------
+# Body rendering (pure; the template escapes what these return)
+
+
+def hex_dump(data: bytes) -> str:
+    """Offset, 16 bytes in hex, and their printable ASCII, one line per 16 bytes."""
+    lines = []
+    for offset in range(0, len(data), 16):
+        chunk = data[offset : offset + 16]
+        hexes = " ".join(f"{b:02x}" for b in chunk)
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexes:<47}  |{text}|")
+    return "\n".join(lines)
+
+
+def _decode_text(data: bytes, charset: str, truncated: bool) -> str | None:
+    try:
+        return data.decode(charset)
+    except LookupError:
+        return None
+    except UnicodeDecodeError as exc:
+        # A cut in the middle of a multi-byte character is not an encoding error.
+        if truncated and exc.start >= len(data) - 4 and exc.reason.startswith("unexpected end"):
+            return data[: exc.start].decode(charset, errors="strict")
+        return None
+
+
+def _looks_textual(text: str) -> bool:
+    return not any(ord(c) < 32 and c not in "\t\n\r" for c in text)
+
+
+def body_preview(
+    body: bytes,
+    content_type: str = "",
+    content_encoding: str | None = None,
+    *,
+    limit: int = BODY_PREVIEW_BYTES,
+    hex_limit: int = HEX_PREVIEW_BYTES,
+) -> tuple[str, str, int]:
+    """(kind, text, bytes shown) for a body: kind is "json", "text", "hex" or "empty".
+
+    JSON is pretty-printed when the whole body fits in ``limit``; a longer body is shown as
+    text up to ``limit`` bytes; anything that does not decode as text becomes a hex dump of
+    the first ``hex_limit`` bytes. Nothing is ever unpickled or evaluated.
+    """
+    if not body:
+        return "empty", "", 0
+    mime, params = parse_content_type(content_type)
+    charset = params.get("charset") or content_encoding or "utf-8"
+    truncated = len(body) > limit
+    head = body[:limit]
+    text = _decode_text(head, charset, truncated)
+    if text is not None and (
+        mime.startswith("text/") or is_json_type(mime) or _looks_textual(text)
+    ):
+        if not truncated and (is_json_type(mime) or text.lstrip()[:1] in ("{", "[")):
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                pass
+            else:
+                try:
+                    return "json", json.dumps(value, indent=2, ensure_ascii=False), len(body)
+                except (ValueError, RecursionError):
+                    pass
+        return "text", text, len(head)
+    shown = body[:hex_limit]
+    return "hex", hex_dump(shown), len(shown)
+
+
+def _pretty(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _filter_description(request: HttpRequest) -> str:
+    parts = [
+        f"{key}={','.join(values)}"
+        for key, values in sorted(request.GET.lists())
+        if key not in _NOT_FILTERS
+    ]
+    return "; ".join(parts) if parts else "none"
+
+
+class _OutOfTime(Exception):
+    """Raised from the progress callback to stop a requeue at a batch boundary."""
+
+
+class _CountingPublisher:
+    """Counts confirmed publishes, so an interrupted requeue can still say what it did."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.confirmed = 0
+
+    def publish_raw(self, *args: Any, **kwargs: Any) -> None:
+        self.inner.publish_raw(*args, **kwargs)
+        self.confirmed += 1
+
+
+# --------------------------------------------------------------------------------------------
+# Parked messages
+
+
+@admin.register(ParkedMessage)
+class ParkedMessageAdmin(admin.ModelAdmin):
+    """View-only rows; requeue, republish and discard are actions with their own permission.
+
+    Rows are never added or edited here, and never deleted either: *discard* keeps the row
+    (with who discarded it) and ``manage.py rmq_purge_parked`` deletes old ones in batches.
+    Django's bulk delete would also load every selected row for its confirmation page.
+    """
+
+    list_display = (
+        "id",
+        "receiver",
+        "routing_key",
+        "error_type",
+        "error_short",
+        "attempts",
+        "status",
+        "reason",
+        "parked_at",
+    )
+    list_display_links = ("id", "receiver")
+    list_filter = (
+        "status",
+        "reason",
+        "receiver",
+        "queue",
+        "error_type",
+        "fingerprint",
+        "parked_at",
+    )
+    date_hierarchy = "parked_at"
+    search_fields = ("=message_id", "=correlation_id", "error_message")
+    search_help_text = _("Exact message id or correlation id, or words from the error message.")
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ("requeue_selected", "republish_to_topic", "discard_selected")
+    change_list_template = "django_rmq_retry/admin/parkedmessage_change_list.html"
+    change_form_template = "django_rmq_retry/admin/parkedmessage_change_form.html"
+
+    #: Seconds a requeue action may run before it stops at a batch boundary and reports
+    #: what is left (running it again continues; nothing is requeued twice). None: no limit.
+    requeue_time_budget: float | None = 20.0
+
+    fieldsets = (
+        (
+            _("Message"),
+            {
+                "fields": (
+                    "receiver",
+                    "queue",
+                    ("exchange", "routing_key"),
+                    ("message_id", "correlation_id"),
+                    ("content_type", "body_size"),
+                    "body_display",
+                )
+            },
+        ),
+        (
+            _("Failure"),
+            {
+                "fields": (
+                    ("status", "reason"),
+                    "reason_detail",
+                    "error_type",
+                    "error_message_display",
+                    "fingerprint",
+                    ("attempts", "park_count", "requeue_count"),
+                    ("first_failure_at", "last_failure_at", "parked_at"),
+                    ("status_changed_at", "status_changed_by"),
+                    "traceback_display",
+                )
+            },
+        ),
+        (_("History"), {"fields": ("history_display",)}),
+        (_("Headers and properties"), {"fields": ("headers_display", "properties_display")}),
+    )
+    readonly_fields = (
+        "receiver",
+        "queue",
+        "exchange",
+        "routing_key",
+        "message_id",
+        "correlation_id",
+        "content_type",
+        "body_size",
+        "body_display",
+        "status",
+        "reason",
+        "reason_detail",
+        "error_type",
+        "error_message_display",
+        "fingerprint",
+        "attempts",
+        "park_count",
+        "requeue_count",
+        "first_failure_at",
+        "last_failure_at",
+        "parked_at",
+        "status_changed_at",
+        "status_changed_by",
+        "traceback_display",
+        "history_display",
+        "headers_display",
+        "properties_display",
+    )
+
+    # Permissions ----------------------------------------------------------------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")
+
+    # Querysets ------------------------------------------------------------------------------
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+        base = super().get_changelist(request, **kwargs)
+
+        class ParkedChangeList(base):  # type: ignore[misc, valid-type]
+            def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+                # The list never needs the heavy columns; the actions reload what they use.
+                qs = super().get_queryset(request, exclude_parameters)
+                return qs.defer("body", "traceback", "properties", "headers", "history")
+
+        return ParkedChangeList
+
+    # URLs -----------------------------------------------------------------------------------
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        extra = [
+            path(
+                "summary/",
+                self.admin_site.admin_view(self.summary_view),
+                name="{}_{}_summary".format(*info),
+            ),
+            path(
+                "<path:object_id>/body/",
+                self.admin_site.admin_view(self.body_view),
+                name="{}_{}_body".format(*info),
+            ),
+        ]
+        return extra + super().get_urls()
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        extra_context = {
+            **(extra_context or {}),
+            "summary_url": reverse(
+                f"{self.admin_site.name}:django_rmq_retry_parkedmessage_summary"
+            ),
+        }
+        return super().changelist_view(request, extra_context)
+
+    # List columns ---------------------------------------------------------------------------
+    @admin.display(description=_("error"))
+    def error_short(self, obj: ParkedMessage) -> str:
+        return Truncator(obj.error_message).chars(80)
+
+    # Detail fields --------------------------------------------------------------------------
+    @admin.display(description=_("body"))
+    def body_display(self, obj: ParkedMessage) -> SafeString:
+        body = bytes(obj.body or b"")
+        encoding = (obj.properties or {}).get("content_encoding")
+        kind, text, shown = body_preview(
+            body, obj.content_type, encoding if isinstance(encoding, str) else None
+        )
+        labels = {
+            "json": _("JSON"),
+            "text": _("text"),
+            "hex": _("binary, hex dump"),
+            "empty": _("empty body"),
+        }
+        note = f"{labels[kind]} · {len(body)} bytes"
+        if shown < len(body):
+            note += f" · showing the first {shown} bytes"
+        download = reverse(
+            f"{self.admin_site.name}:django_rmq_retry_parkedmessage_body", args=[obj.pk]
+        )
+        return format_html(
+            '<div class="rmq-note">{} · <a href="{}">{}</a></div><pre class="rmq-pre rmq-body">{}</pre>',
+            note,
+            download,
+            _("download the raw body"),
+            text,
+        )
+
+    @admin.display(description=_("error message"))
+    def error_message_display(self, obj: ParkedMessage) -> SafeString:
+        return format_html('<pre class="rmq-pre">{}</pre>', obj.error_message)
+
+    @admin.display(description=_("traceback"))
+    def traceback_display(self, obj: ParkedMessage) -> SafeString:
+        return format_html('<pre class="rmq-pre">{}</pre>', obj.traceback or "—")
+
+    @admin.display(description=_("headers"))
+    def headers_display(self, obj: ParkedMessage) -> SafeString:
+        return format_html('<pre class="rmq-pre">{}</pre>', _pretty(obj.headers or {}))
+
+    @admin.display(description=_("AMQP properties"))
+    def properties_display(self, obj: ParkedMessage) -> SafeString:
+        return format_html('<pre class="rmq-pre">{}</pre>', _pretty(obj.properties or {}))
+
+    @admin.display(description=_("failure history"))
+    def history_display(self, obj: ParkedMessage) -> SafeString | str:
+        events = [e for e in (obj.history or []) if isinstance(e, dict)]
+        if not events:
+            return "—"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.get("at", ""),
+                    e.get("event", ""),
+                    e.get("reason", ""),
+                    e.get("error_type", ""),
+                    e.get("attempts", ""),
+                )
+                for e in events
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            _("when"),
+            _("event"),
+            _("reason"),
+            _("error type"),
+            _("attempts"),
+            rows,
+        )
+
+    # Extra views ----------------------------------------------------------------------------
+    def summary_view(self, request: HttpRequest) -> TemplateResponse:
+        """Parked counts by receiver and failure group; each row links to its rows."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        changelist = reverse(f"{self.admin_site.name}:django_rmq_retry_parkedmessage_changelist")
+        groups = []
+        for row in parking.summary()[:500]:
+            query = {
+                "status__exact": ParkedStatus.PARKED,
+                "receiver": row["receiver"],
+                "fingerprint": row["fingerprint"],
+                "error_type": row["error_type"],
+            }
+            groups.append({**row, "url": f"{changelist}?{urlencode(query)}"})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Parked messages by failure group"),
+            "groups": groups,
+            "total": sum(g["count"] for g in groups),
+            "changelist_url": changelist,
+        }
+        return TemplateResponse(request, "django_rmq_retry/admin/parked_summary.html", context)
+
+    def body_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The raw body as a download (never rendered inline by the browser)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        row = get_object_or_404(ParkedMessage, pk=object_id)
+        response = HttpResponse(bytes(row.body or b""), content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="parked-{row.pk}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    # Actions --------------------------------------------------------------------------------
+    @admin.action(
+        description=_("Requeue selected (back to the receiver that failed)"),
+        permissions=["requeue"],
+    )
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:
+        self._requeue(request, queryset, parking.MODE_RECEIVER)
+
+    @admin.action(
+        description=_("Republish selected to ALL receivers of the topic…"),
+        permissions=["requeue"],
+    )
+    def republish_to_topic(
+        self, request: HttpRequest, queryset: QuerySet[ParkedMessage]
+    ) -> TemplateResponse | None:
+        if request.POST.get("confirm") == "yes":
+            self._requeue(request, queryset, parking.MODE_TOPIC)
+            return None
+        parked = queryset.filter(status=ParkedStatus.PARKED)
+        routes = []
+        for row in parked.values("routing_key").annotate(count=Count("id")).order_by("-count")[:50]:
+            receivers = [
+                r.name for r in default_registry.all() if row["routing_key"] in r.routing_keys
+            ]
+            routes.append({**row, "receivers": receivers})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Republish to ALL receivers of the topic?"),
+            "count": parked.count(),
+            "routes": routes,
+            "action": "republish_to_topic",
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "filters": _filter_description(request),
+        }
+        return TemplateResponse(request, "django_rmq_retry/admin/republish_confirm.html", context)
+
+    @admin.action(description=_("Discard selected"), permissions=["discard"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:
+        count = parking.discard(queryset, user=request.user.get_username())
+        self.message_user(
+            request,
+            ngettext(
+                "Discarded %(count)d parked message.",
+                "Discarded %(count)d parked messages.",
+                count,
+            )
+            % {"count": count},
+            messages.SUCCESS if count else messages.WARNING,
+        )
+        self._log(request, queryset, f"Discarded {count} parked message(s).")
+
+    def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
+        from .publishing import get_publisher
+
+        user = request.user.get_username()
+        budget = self.requeue_time_budget
+        started = time.monotonic()
+        state: dict[str, Any] = {"result": None}
+
+        def progress(result: parking.RequeueResult) -> None:
+            state["result"] = result
+            if budget is not None and time.monotonic() - started >= budget:
+                raise _OutOfTime
+
+        stopped = False
+        broker_error: str | None = None
+        counting: _CountingPublisher | None = None
+        try:
+            counting = _CountingPublisher(get_publisher())
+            result = parking.requeue(
+                queryset, user=user, mode=mode, publisher=counting, progress=progress
+            )
+        except _OutOfTime:
+            result = state["result"]
+            stopped = True
+        except RmqRetryError as exc:
+            # The broker went away: confirmed rows are marked, the rest were released.
+            logger.exception("requeue from the admin stopped")
+            result = state["result"] or parking.RequeueResult()
+            result.requeued = counting.confirmed if counting else 0
+            broker_error = str(exc)
+
+        topic = mode == parking.MODE_TOPIC
+        n = result.requeued
+        if topic:
+            text = ngettext(
+                "Republished %(count)d message to ALL receivers of its topic.",
+                "Republished %(count)d messages to ALL receivers of their topics.",
+                n,
+            )
+        else:
+            text = ngettext(
+                "Requeued %(count)d message to the receiver it failed in.",
+                "Requeued %(count)d messages to the receivers they failed in.",
+                n,
+            )
+        if n or not (result.failed or broker_error):
+            level = messages.SUCCESS if n else messages.WARNING
+            if not n and not stopped:
+                text = _("Nothing was requeued: none of the selected messages is parked.")
+            self.message_user(request, text % {"count": n}, level)
+        if result.failed:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d message could not be published and stays parked: %(errors)s",
+                    "%(count)d messages could not be published and stay parked: %(errors)s",
+                    result.failed,
+                )
+                % {"count": result.failed, "errors": "; ".join(result.errors[:3])},
+                messages.ERROR,
+            )
+        if broker_error:
+            self.message_user(
+                request,
+                _(
+                    "Requeue stopped, the broker is unavailable: %(error)s. Messages not "
+                    "published stay parked; run the action again once the broker is back."
+                )
+                % {"error": broker_error},
+                messages.ERROR,
+            )
+        if result.skipped:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d message was skipped: another requeue is handling it.",
+                    "%(count)d messages were skipped: another requeue is handling them.",
+                    result.skipped,
+                )
+                % {"count": result.skipped},
+                messages.WARNING,
+            )
+        remaining = queryset.filter(status=ParkedStatus.PARKED).count() if stopped else 0
+        stopped = stopped and remaining > 0
+        if stopped:
+            self.message_user(
+                request,
+                ngettext(
+                    "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
+                    "matching message is still parked. Run the action again to continue "
+                    "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                    "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
+                    "matching messages are still parked. Run the action again to continue "
+                    "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                    remaining,
+                )
+                % {"seconds": int(budget or 0), "count": remaining},
+                messages.WARNING,
+            )
+        verb = "Republished to ALL receivers of the topic" if topic else "Requeued"
+        summary = f"{verb}: {n} requeued, {result.failed} failed, {result.skipped} skipped"
+        if stopped:
+            summary += f", stopped by the time budget with {remaining} left"
+        if broker_error:
+            summary += f", stopped: {broker_error}"
+        self._log(request, queryset, summary + ".")
+
+    def _log(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], text: str) -> None:
+        """One admin-history entry per operator action: who, how many, which selection."""
+        across = request.POST.get("select_across") == "1"
+        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        if across:
+            selection = "all rows matching the filter"
+        else:
+            shown = ", ".join(selected[:20]) + (" …" if len(selected) > 20 else "")
+            selection = f"{len(selected)} selected (ids {shown})"
+        message = f"{text} Selection: {selection}. Filter: {_filter_description(request)}."
+        single = selected[0] if len(selected) == 1 and not across else None
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(ParkedMessage).pk,
+            object_id=single,
+            object_repr=Truncator(text).chars(200),
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Retry policies
+
+
+def _describe_policy(policy: Any) -> str:
+    if policy is None:
+        return "—"
+    delays = ", ".join(f"{d:g}s" for d in policy.schedule()[:6])
+    if policy.max_attempts - 1 > 6:
+        delays += ", …"
+    return f"{policy.max_attempts} attempts; delays {delays or 'none'}; {policy.jitter} jitter"
+
+
+class RetryPolicyForm(forms.ModelForm):
+    """The receiver field lists the receivers registered in this process."""
+
+    class Meta:
+        model = RetryPolicy
+        fields = (
+            "receiver",
+            "enabled",
+            "max_attempts",
+            "initial_delay",
+            "multiplier",
+            "max_delay",
+            "jitter",
+            "dont_retry",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        known = default_registry.all()
+        if not known:
+            return
+        choices: list[tuple[str, str]] = [("", "---------")]
+        for rec in known:
+            code = _describe_policy(rec.policy) if rec.policy else _("settings default")
+            choices.append(
+                (rec.name, f"{rec.name} — topics {', '.join(rec.routing_keys)}; code: {code}")
+            )
+        current = self.instance.receiver if self.instance and self.instance.pk else ""
+        if current and current not in {r.name for r in known}:
+            choices.append((current, f"{current} (not registered in this process)"))
+        self.fields["receiver"] = forms.ChoiceField(
+            label=RetryPolicy._meta.get_field("receiver").verbose_name,
+            choices=choices,
+            help_text=_(
+                "The receivers registered in this project (rmq_consume --list shows the same). "
+                "This row overrides the policy declared in code; consumers pick it up within "
+                "POLICY_CACHE_SECONDS."
+            ),
+        )
+
+
+@admin.register(RetryPolicy)
+class RetryPolicyAdmin(admin.ModelAdmin):
+    form = RetryPolicyForm
+    list_display = (
+        "receiver",
+        "enabled",
+        "max_attempts",
+        "delays",
+        "jitter",
+        "registered",
+        "updated_at",
+    )
+    list_filter = ("enabled", "jitter")
+    search_fields = ("receiver",)
+    readonly_fields = ("updated_at",)
+    fields = (
+        "receiver",
+        "enabled",
+        "max_attempts",
+        ("initial_delay", "multiplier", "max_delay"),
+        "jitter",
+        "dont_retry",
+        "updated_at",
+    )
+
+    @admin.display(description=_("delays"))
+    def delays(self, obj: RetryPolicy) -> str:
+        try:
+            schedule = obj.to_policy().schedule()
+        except ValueError as exc:
+            return f"invalid: {exc}"
+        text = ", ".join(f"{d:g}s" for d in schedule[:6])
+        return text + (", …" if len(schedule) > 6 else "") if text else "—"
+
+    @admin.display(description=_("registered"), boolean=True)
+    def registered(self, obj: RetryPolicy) -> bool:
+        return default_registry.get(obj.receiver) is not None

@@ -1,0 +1,605 @@
+"""The parked-message and retry-policy admin, driven through Django's test client.
+
+Actions publish to the real broker (the ``rmq`` fixture gives each test its own prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+import uuid
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from django_rmq_retry.admin import ParkedMessageAdmin, body_preview, hex_dump
+from django_rmq_retry.models import ParkedMessage, ParkedStatus, RetryPolicy
+from tests.testapp.events import work
+
+ALPHA = "tests.testapp.consumers.alpha"
+CHANGELIST = "admin:django_rmq_retry_parkedmessage_changelist"
+
+
+def changelist_url(**query: str) -> str:
+    from urllib.parse import urlencode
+
+    url = reverse(CHANGELIST)
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+def make_row(
+    *, queue: str = "rmq_retry_test.tests.testapp.consumers.alpha", **fields
+) -> ParkedMessage:
+    now = timezone.now()
+    values = {
+        "park_key": uuid.uuid4().hex,
+        "receiver": ALPHA,
+        "queue": queue,
+        "exchange": "rmq_retry_test.work",
+        "routing_key": "test.work",
+        "message_id": uuid.uuid4().hex,
+        "body": b'{"id": 1}',
+        "content_type": "application/json",
+        "properties": {"content_type": "application/json", "delivery_mode": 2},
+        "headers": {},
+        "reason": "exhausted",
+        "error_type": "tests.testapp.consumers.Boom",
+        "error_message": "boom 1 attempt 3",
+        "fingerprint": "tests.testapp.consumers.Boom@tests/testapp/consumers.py:behave",
+        "attempts": 3,
+        "parked_at": now,
+    }
+    values.update(fields)
+    values["body_size"] = len(values["body"])
+    return ParkedMessage.objects.create(**values)
+
+
+def rows_for(rmq, n: int, body: bytes = b'{"id": 1}') -> list[ParkedMessage]:
+    """``n`` rows parked from alpha's real queue in this test's broker slice."""
+    queue = rmq.queue("alpha")
+    now = timezone.now()
+    objs = [
+        ParkedMessage(
+            park_key=uuid.uuid4().hex,
+            receiver=ALPHA,
+            queue=queue,
+            exchange=rmq.names.work_exchange,
+            routing_key="test.work",
+            message_id=f"m{i}",
+            body=body,
+            body_size=len(body),
+            content_type="application/json",
+            properties={"content_type": "application/json", "delivery_mode": 2},
+            headers={},
+            reason="exhausted",
+            error_type="tests.testapp.consumers.Boom",
+            error_message=f"boom {i}",
+            attempts=3,
+            parked_at=now,
+        )
+        for i in range(n)
+    ]
+    return ParkedMessage.objects.bulk_create(objs, batch_size=1000)
+
+
+def operator(*codenames: str, username: str = "op") -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in ("view_parkedmessage", *codenames):
+        user.user_permissions.add(
+            Permission.objects.get(codename=codename, content_type__app_label="django_rmq_retry")
+        )
+    return user
+
+
+def action_names(response) -> set[str]:
+    form = response.context["action_form"]
+    if form is None:  # the admin hides the whole action bar
+        return set()
+    return {value for value, _label in form.fields["action"].choices if value}
+
+
+def post_action(client, action: str, ids, *, url: str | None = None, across: bool = False, **extra):
+    data = {
+        "action": action,
+        "_selected_action": [str(i) for i in ids],
+        "index": "0",
+        "select_across": "1" if across else "0",
+        **extra,
+    }
+    return client.post(url or changelist_url(), data, follow=True)
+
+
+def texts(response) -> list[tuple[str, str]]:
+    return [(m.level_tag, str(m)) for m in response.context["messages"]]
+
+
+# --------------------------------------------------------------------------------------------
+# Permissions and view-only enforcement
+
+
+@pytest.mark.django_db
+def test_staff_without_action_permissions_sees_no_action_and_cannot_post_one(client):
+    row = make_row()
+    client.force_login(operator())
+    response = client.get(changelist_url())
+    assert response.status_code == 200
+    assert action_names(response) == set()
+    assert b'name="action"' not in response.content
+    # Posting the action by hand does nothing.
+    post_action(client, "requeue_selected", [row.pk])
+    post_action(client, "discard_selected", [row.pk])
+    row.refresh_from_db()
+    assert row.status == ParkedStatus.PARKED
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_each_action_needs_its_own_permission(client):
+    make_row()
+    client.force_login(operator("requeue_parkedmessage", username="requeuer"))
+    assert action_names(client.get(changelist_url())) == {
+        "requeue_selected",
+        "republish_to_topic",
+    }
+    client.force_login(operator("discard_parkedmessage", username="discarder"))
+    assert action_names(client.get(changelist_url())) == {"discard_selected"}
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    names = action_names(client.get(changelist_url()))
+    assert names == {"requeue_selected", "republish_to_topic", "discard_selected"}
+    assert "delete_selected" not in names
+
+
+@pytest.mark.django_db
+def test_rows_are_view_only_even_for_a_superuser(client):
+    row = make_row()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    change = reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk])
+    assert client.get(reverse("admin:django_rmq_retry_parkedmessage_add")).status_code == 403
+    page = client.get(change)
+    assert page.status_code == 200
+    assert b'name="_save"' not in page.content
+    assert b"<textarea" not in page.content
+    assert client.post(change, {"receiver": "x", "status": "requeued"}).status_code == 403
+    delete = reverse("admin:django_rmq_retry_parkedmessage_delete", args=[row.pk])
+    assert client.post(delete, {"post": "yes"}).status_code == 403
+    row.refresh_from_db()
+    assert (row.receiver, row.status) == (ALPHA, ParkedStatus.PARKED)
+
+
+@pytest.mark.django_db
+def test_user_without_view_permission_gets_no_page(client):
+    make_row()
+    client.force_login(User.objects.create_user("nobody", password="pw", is_staff=True))
+    assert client.get(changelist_url()).status_code == 403
+    summary = reverse("admin:django_rmq_retry_parkedmessage_summary")
+    assert client.get(summary).status_code == 403
+
+
+# --------------------------------------------------------------------------------------------
+# Detail page: decoding and escaping
+
+
+XSS = "<script>alert('x')</script>"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (json.dumps({"name": XSS}).encode(), "application/json"),
+        (XSS.encode(), "text/plain"),
+        (XSS.encode(), ""),
+        (b"\x00\x01" + XSS.encode(), "application/octet-stream"),
+    ],
+)
+def test_nothing_from_a_message_is_rendered_unescaped(client, body, content_type):
+    row = make_row(
+        body=body,
+        content_type=content_type,
+        headers={"x-note": XSS, XSS: "key"},
+        properties={"content_type": content_type, "app_id": XSS},
+        error_message=f"failed on {XSS}",
+        error_type=XSS,
+        traceback=f"Traceback ...\nValueError: {XSS}",
+        fingerprint=XSS,
+        history=[{"at": "now", "event": XSS, "reason": "exhausted"}],
+        routing_key="<b>rk</b>",
+    )
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    for url in (
+        reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk]),
+        changelist_url(),
+        reverse("admin:django_rmq_retry_parkedmessage_summary"),
+    ):
+        html = client.get(url).content.decode()
+        assert "<script>alert" not in html, url
+        assert "<b>rk</b>" not in html
+        assert "&lt;script&gt;" in html or "3c 73 63 72" in html, url
+
+
+@pytest.mark.django_db
+def test_detail_page_pretty_prints_json_and_shows_headers_traceback_history(client):
+    row = make_row(
+        body=b'{"order":17,"items":[1,2]}',
+        headers={"rmq_retry_test-requeued": 1, "tenant": "acme"},
+        traceback='Traceback (most recent call last):\n  File "x.py", line 1\nBoom: nope',
+        history=[
+            {"at": "2026-01-01T00:00:00", "event": "parked", "reason": "exhausted", "attempts": 3}
+        ],
+    )
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    html = client.get(
+        reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk])
+    ).content.decode()
+    assert "&quot;order&quot;: 17" in html  # indented JSON, not the compact wire form
+    assert "JSON · 26 bytes" in html
+    assert "&quot;tenant&quot;: &quot;acme&quot;" in html
+    assert "Boom: nope" in html
+    assert "2026-01-01T00:00:00" in html
+    assert "download the raw body" in html
+    raw = client.get(reverse("admin:django_rmq_retry_parkedmessage_body", args=[row.pk]))
+    assert raw.content == b'{"order":17,"items":[1,2]}'
+    assert raw["Content-Type"] == "application/octet-stream"
+    assert raw["Content-Disposition"].startswith("attachment")
+
+
+@pytest.mark.django_db
+def test_huge_body_is_truncated_on_the_page(client):
+    body = json.dumps({"blob": "x" * 300_000}).encode()
+    row = make_row(body=body)
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    response = client.get(reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk]))
+    html = response.content.decode()
+    assert f"showing the first {64 * 1024} bytes" in html
+    assert len(response.content) < 150_000
+
+
+def test_body_preview_kinds():
+    assert body_preview(b"") == ("empty", "", 0)
+    kind, text, shown = body_preview(b'{"a":1}', "application/json")
+    assert (kind, shown) == ("json", 7)
+    assert text == '{\n  "a": 1\n}'
+    assert body_preview("héllo".encode(), "text/plain")[:2] == ("text", "héllo")
+    assert body_preview("héllo".encode("latin-1"), "text/plain; charset=latin-1")[1] == "héllo"
+    kind, text, shown = body_preview(bytes(range(40)), "application/octet-stream")
+    assert kind == "hex" and shown == 40
+    assert text.splitlines()[0].startswith("00000000  00 01 02")
+    # Invalid UTF-8 declared as JSON falls back to a hex dump, never raises.
+    assert body_preview(b"\xff\xfe{", "application/json")[0] == "hex"
+    # A cut in the middle of a multi-byte character still shows the text before it.
+    kind, text, shown = body_preview(("é" * 100).encode(), "text/plain", limit=51)
+    assert kind == "text" and text == "é" * 25
+    # Binary bodies are cut at the hex limit.
+    assert body_preview(b"\x00" * 100, hex_limit=32)[2] == 32
+    assert hex_dump(b"AB\x00") == "00000000  41 42 00" + " " * 39 + "  |AB.|"
+
+
+# --------------------------------------------------------------------------------------------
+# Actions against the real broker
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_requeue_selected_publishes_to_the_failed_receiver_only_then_marks_the_row(rmq, client):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    work.send({"id": 7, "fail": "always", "only": ["alpha"]})
+    call_command("rmq_consume", "alpha", "beta", max_idle_time=2, verbosity=0)
+    row = ParkedMessage.objects.get()  # a real parking: 3 attempts in alpha, beta succeeded
+    assert (row.receiver, row.attempts, row.status) == (ALPHA, 3, ParkedStatus.PARKED)
+    assert rmq.depth(rmq.queue("alpha")) == 0
+
+    client.force_login(operator("requeue_parkedmessage"))
+    response = post_action(client, "requeue_selected", [row.pk], url=changelist_url(receiver=ALPHA))
+    assert texts(response) == [("success", "Requeued 1 message to the receiver it failed in.")]
+    row.refresh_from_db()
+    assert row.status == ParkedStatus.REQUEUED
+    assert (row.status_changed_by, row.requeue_count) == ("op", 1)
+
+    got = rmq.get_all(rmq.queue("alpha"))
+    assert len(got) == 1
+    _method, props, body = got[0]
+    assert json.loads(body) == {"id": 7, "fail": "always", "only": ["alpha"]}
+    assert props.message_id == row.message_id
+    h = rmq.names.header
+    assert props.headers[h("requeued")] == 1
+    assert props.headers[h("parked-id")] == str(row.pk)
+    assert h("attempt") not in props.headers
+    assert rmq.depth(rmq.queue("beta")) == 0  # the sibling that succeeded gets nothing
+
+    entry = LogEntry.objects.get()
+    assert entry.user.username == "op"
+    assert entry.object_id == str(row.pk)
+    assert "Requeued: 1 requeued, 0 failed" in entry.change_message
+    assert f"receiver={ALPHA}" in entry.change_message
+
+    # A second click (or a second operator) does nothing to the same row.
+    response = post_action(client, "requeue_selected", [row.pk])
+    assert texts(response)[0][0] == "warning"
+    assert rmq.depth(rmq.queue("alpha")) == 0
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+def test_unroutable_rows_stay_parked_and_errors_show_no_traceback(rmq, client):
+    """Republishing to a topic nobody is bound to any more: the broker returns the message."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    ok = rows_for(rmq, 1)[0]
+    lost = [make_row(queue=ok.queue, routing_key="test.nobody-listens") for _ in range(2)]
+    client.force_login(operator("requeue_parkedmessage"))
+    response = client.post(
+        changelist_url(),
+        {
+            "action": "republish_to_topic",
+            "_selected_action": [str(r.pk) for r in (ok, *lost)],
+            "select_across": "0",
+            "confirm": "yes",
+        },
+        follow=True,
+    )
+    shown = texts(response)
+    assert shown[0] == ("success", "Republished 1 message to ALL receivers of its topic.")
+    assert shown[1][0] == "error"
+    assert shown[1][1].startswith("2 messages could not be published and stay parked: #")
+    assert "no queue is bound for routing key 'test.nobody-listens'" in shown[1][1]
+    assert "Traceback" not in response.content.decode()
+    for row in lost:
+        row.refresh_from_db()
+        assert (row.status, row.requeue_count, row.claim_token) == (ParkedStatus.PARKED, 0, "")
+    ok.refresh_from_db()
+    assert ok.status == ParkedStatus.REQUEUED
+    assert "1 requeued, 2 failed" in LogEntry.objects.get().change_message
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+def test_broker_down_leaves_rows_parked_with_one_readable_error(rmq, client, settings):
+    rows = rows_for(rmq, 3)
+    settings.RMQ_RETRY = {
+        **settings.RMQ_RETRY,
+        "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/%2F",  # nothing listens on port 1
+        "CONNECT_TIMEOUT": 2,
+    }
+    from django_rmq_retry.publishing import reset_publisher
+
+    reset_publisher()
+    client.force_login(operator("requeue_parkedmessage"))
+    response = post_action(client, "requeue_selected", [r.pk for r in rows])
+    shown = texts(response)
+    errors = [text for level, text in shown if level == "error"]
+    assert errors, shown
+    assert any("cannot reach RabbitMQ" in text for text in errors), errors
+    html = response.content.decode()
+    assert "s3cret" not in html and "Traceback" not in html
+    statuses = set(ParkedMessage.objects.values_list("status", flat=True))
+    assert statuses == {ParkedStatus.PARKED}
+    assert ParkedMessage.objects.exclude(claim_token="").count() == 0
+    assert "0 requeued" in LogEntry.objects.get().change_message
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+def test_republish_to_topic_asks_first_then_reaches_every_receiver(rmq, client):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    (row,) = rows_for(rmq, 1)
+    client.force_login(operator("requeue_parkedmessage"))
+
+    page = post_action(client, "republish_to_topic", [row.pk])
+    html = page.content.decode()
+    assert "Republish to ALL receivers of the topic?" in html
+    assert "Every receiver of the topic gets a copy" in html
+    assert "tests.testapp.consumers.alpha, tests.testapp.consumers.beta" in html
+    row.refresh_from_db()
+    assert row.status == ParkedStatus.PARKED  # nothing happened yet
+    assert rmq.depth(rmq.queue("alpha")) == rmq.depth(rmq.queue("beta")) == 0
+
+    confirmed = client.post(
+        changelist_url(),
+        {
+            "action": "republish_to_topic",
+            "_selected_action": [str(row.pk)],
+            "select_across": "0",
+            "confirm": "yes",
+        },
+        follow=True,
+    )
+    assert texts(confirmed) == [("success", "Republished 1 message to ALL receivers of its topic.")]
+    assert rmq.depth(rmq.queue("alpha")) == 1
+    assert rmq.depth(rmq.queue("beta")) == 1
+    row.refresh_from_db()
+    assert row.status == ParkedStatus.REQUEUED
+    assert "ALL receivers" in LogEntry.objects.get().change_message
+
+
+@pytest.mark.django_db
+def test_discard_selected_marks_rows_and_writes_history(client):
+    keep, gone = make_row(), make_row()
+    client.force_login(operator("discard_parkedmessage"))
+    response = post_action(client, "discard_selected", [gone.pk])
+    assert texts(response) == [("success", "Discarded 1 parked message.")]
+    gone.refresh_from_db()
+    keep.refresh_from_db()
+    assert (gone.status, gone.status_changed_by) == (ParkedStatus.DISCARDED, "op")
+    assert keep.status == ParkedStatus.PARKED
+    entry = LogEntry.objects.get()
+    assert (entry.user.username, entry.object_id) == ("op", str(gone.pk))
+    assert entry.change_message.startswith("Discarded 1 parked message(s).")
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+def test_time_budget_stops_between_batches_and_a_rerun_finishes_without_duplicates(
+    rmq, client, monkeypatch, settings
+):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "BATCH_SIZE": 100}
+    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", 0)
+    rows = rows_for(rmq, 250)
+    client.force_login(operator("requeue_parkedmessage"))
+    url = changelist_url(receiver=ALPHA)
+    seen = []
+    for _run in range(3):
+        response = post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True)
+        seen.append(texts(response))
+    success = "Requeued {} messages to the receivers they failed in."
+    left = (
+        "Stopped after 0 s to keep this page responsive; {} matching messages are still "
+        "parked. Run the action again to continue (nothing is requeued twice), or use "
+        "manage.py rmq_requeue."
+    )
+    assert seen == [
+        [("success", success.format(100)), ("warning", left.format(150))],
+        [("success", success.format(100)), ("warning", left.format(50))],
+        [("success", success.format(50))],
+    ]
+    assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == 250
+    time.sleep(0.2)
+    assert rmq.depth(rmq.queue("alpha")) == 250  # every row once, none twice
+    entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
+    assert len(entries) == 3
+    assert all("all rows matching the filter" in e for e in entries)
+    assert "stopped by the time budget with 150 left" in entries[0]
+    assert "stopped" not in entries[2]
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_requeue_all_matching_20k_rows_in_flat_memory(rmq, client, monkeypatch):
+    """Select-across hands parking.requeue a lazy queryset; it streams by pk in batches."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", None)
+    n = 20_000
+    body = json.dumps({"pad": "x" * 2000}).encode()
+    rows = rows_for(rmq, n, body=body)
+    bodies_mib = n * len(body) / 2**20
+    client.force_login(operator("requeue_parkedmessage"))
+    # One ordinary page load first, so lazily imported code is not counted as the action's.
+    client.get(changelist_url(receiver=ALPHA))
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        response = post_action(
+            client,
+            "requeue_selected",
+            [rows[0].pk],
+            url=changelist_url(receiver=ALPHA),
+            across=True,
+        )
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    elapsed = time.monotonic() - started
+    peak_mib = peak / 2**20
+    print(
+        f"\nadmin requeue of {n} rows ({bodies_mib:.0f} MiB of bodies): {elapsed:.1f} s "
+        f"under tracemalloc, peak traced memory {peak_mib:.1f} MiB"
+    )
+    assert texts(response) == [
+        ("success", f"Requeued {n} messages to the receivers they failed in.")
+    ]
+    assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
+    assert rmq.depth(rmq.queue("alpha")) == n
+    # Loading every row would need at least the bodies' size; batches stay far below it.
+    assert peak_mib < bodies_mib / 4, (peak_mib, bodies_mib)
+
+
+# --------------------------------------------------------------------------------------------
+# Summary (failure groups)
+
+
+@pytest.mark.django_db
+def test_summary_groups_parked_rows_and_links_to_the_filtered_list(client):
+    for _ in range(3):
+        make_row(error_message="order 17 not found")
+    make_row(error_message="order 18 not found")  # same group: message text excluded
+    other = make_row(
+        receiver="tests.testapp.consumers.beta",
+        error_type="KeyError",
+        fingerprint="KeyError@tests/testapp/consumers.py:behave",
+    )
+    make_row(status=ParkedStatus.REQUEUED)  # not parked any more: not counted
+    client.force_login(operator())
+    changelist = client.get(changelist_url())
+    summary_url = reverse("admin:django_rmq_retry_parkedmessage_summary")
+    assert summary_url.encode() in changelist.content
+
+    page = client.get(summary_url)
+    groups = page.context["groups"]
+    assert [(g["receiver"], g["count"]) for g in groups] == [
+        (ALPHA, 4),
+        ("tests.testapp.consumers.beta", 1),
+    ]
+    assert "5 messages are parked." in page.content.decode()
+
+    listing = client.get(groups[1]["url"])
+    assert listing.status_code == 200
+    assert [r.pk for r in listing.context["cl"].result_list] == [other.pk]
+    listing = client.get(groups[0]["url"])
+    assert len(listing.context["cl"].result_list) == 4
+
+
+@pytest.mark.django_db
+def test_changelist_filters_and_search(client):
+    a = make_row(message_id="abc-123", error_message="order 17 not found")
+    b = make_row(receiver="tests.testapp.consumers.beta", reason="rejected", error_message="nope")
+    client.force_login(operator())
+
+    def ids(**query):
+        response = client.get(changelist_url(**query))
+        assert response.status_code == 200
+        return {r.pk for r in response.context["cl"].result_list}
+
+    assert ids() == {a.pk, b.pk}
+    assert ids(receiver="tests.testapp.consumers.beta") == {b.pk}
+    assert ids(reason__exact="rejected") == {b.pk}
+    assert ids(status__exact="parked") == {a.pk, b.pk}
+    assert ids(q="abc-123") == {a.pk}
+    assert ids(q="abc") == set()  # message ids match exactly
+    assert ids(q="order 17") == {a.pk}
+    assert ids(queue=a.queue, error_type=a.error_type) == {a.pk, b.pk}
+
+
+# --------------------------------------------------------------------------------------------
+# Retry policies
+
+
+@pytest.mark.django_db
+def test_retry_policy_form_lists_receivers_and_validates(client):
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    add = reverse("admin:django_rmq_retry_retrypolicy_add")
+    page = client.get(add)
+    choices = dict(page.context["adminform"].form.fields["receiver"].choices)
+    assert ALPHA in choices
+    assert "tests.testapp.consumers.gamma" in choices
+    assert "10 attempts" in choices["tests.testapp.consumers.gamma"]
+
+    data = {
+        "receiver": ALPHA,
+        "enabled": "on",
+        "max_attempts": "0",
+        "initial_delay": "5",
+        "multiplier": "2",
+        "max_delay": "1",
+        "jitter": "none",
+        "dont_retry": "",
+    }
+    bad = client.post(add, data)
+    assert bad.status_code == 200
+    errors = " ".join(bad.context["adminform"].form.non_field_errors())
+    assert "max_delay must be >= initial_delay" in errors
+    assert not RetryPolicy.objects.exists()
+
+    unknown = client.post(add, {**data, "receiver": "not.a.receiver"})
+    assert "receiver" in unknown.context["adminform"].form.errors
+
+    ok = client.post(add, {**data, "max_attempts": "4", "max_delay": "60"}, follow=True)
+    assert ok.status_code == 200
+    policy = RetryPolicy.objects.get()
+    assert (policy.receiver, policy.max_attempts) == (ALPHA, 4)
+    listing = client.get(reverse("admin:django_rmq_retry_retrypolicy_changelist")).content
+    assert b"5s, 10s, 20s" in listing
