@@ -1,0 +1,294 @@
+"""Parking and the requeue/discard/purge services (shared by the admin and the CLI)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.utils import timezone
+
+from django_rmq_retry import parking, signals
+from django_rmq_retry.errors import PublishError
+from django_rmq_retry.models import ParkedMessage
+from django_rmq_retry.names import Names
+from django_rmq_retry.publishing import get_publisher
+from tests.conftest import read_log
+from tests.testapp.events import work
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _request(**overrides) -> parking.ParkRequest:
+    values = dict(
+        receiver="tests.testapp.consumers.alpha",
+        queue="p.tests.testapp.consumers.alpha",
+        exchange="p.work",
+        routing_key="test.work",
+        body=b'{"id": 1}',
+        properties={"message_id": "m1", "content_type": "application/json", "headers": {"k": "v"}},
+        reason="exhausted",
+        reason_detail="failed 3 times",
+        attempts=3,
+        redelivered=False,
+        error_type="ValueError",
+        error_message="boom",
+    )
+    values.update(overrides)
+    return parking.ParkRequest(**values)
+
+
+def test_parking_the_same_delivery_twice_yields_one_row():
+    row, created = parking.park(_request(), names=Names("p"))
+    again, created_again = parking.park(_request(redelivered=True), names=Names("p"))
+    assert created and not created_again and row.pk == again.pk
+    assert ParkedMessage.objects.count() == 1
+    assert ParkedMessage.objects.get().park_count == 1
+
+
+def test_an_identical_new_message_is_counted_not_lost():
+    parking.park(_request(), names=Names("p"))
+    parking.park(_request(redelivered=False), names=Names("p"))
+    assert ParkedMessage.objects.get().park_count == 2
+
+
+def test_parked_row_keeps_the_message_bit_for_bit():
+    body = bytes(range(256))
+    props = {
+        "message_id": "bin",
+        "content_type": "application/octet-stream",
+        "priority": 3,
+        "correlation_id": "c",
+        "timestamp": 1_700_000_000,
+        "headers": {"b": b"\x00\xff", "n": 1},
+    }
+    row, _ = parking.park(_request(body=body, properties=props), names=Names("p"))
+    row.refresh_from_db()
+    assert bytes(row.body) == body and row.body_size == 256
+    restored = parking.row_properties(row)
+    assert restored["headers"] == {"b": b"\x00\xff", "n": 1}
+    assert restored["priority"] == 3 and restored["correlation_id"] == "c"
+
+
+def test_signals_fire_after_the_fact():
+    seen = []
+
+    def on_parked(sender, parked, reason, created, **kwargs):
+        seen.append((sender, parked.pk, reason, created))
+
+    signals.message_parked.connect(on_parked)
+    try:
+        row, _ = parking.park(_request(), names=Names("p"))
+    finally:
+        signals.message_parked.disconnect(on_parked)
+    assert seen == [("tests.testapp.consumers.alpha", row.pk, "exhausted", True)]
+
+
+def _park_real_failures(rmq, n: int) -> None:
+    """Messages that fail in alpha only (3 attempts in the test settings), then park."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    for i in range(n):
+        work.send({"id": i, "fail": 3, "only": ["alpha"]})
+    call_command("rmq_consume", "alpha", "beta", max_idle_time=2, verbosity=0)
+    assert ParkedMessage.objects.filter(status="parked").count() == n
+
+
+@pytest.mark.broker
+def test_requeue_goes_back_to_the_failed_receiver_only_and_returns_to_its_row(rmq):
+    _park_real_failures(rmq, 3)
+    fingerprints = set(ParkedMessage.objects.values_list("fingerprint", flat=True))
+    assert fingerprints == {"tests.testapp.consumers.Boom at tests/testapp/consumers.py:behave"}
+    call_command(
+        "rmq_requeue", receiver=["tests.testapp.consumers.alpha"], no_progress=True, verbosity=0
+    )
+    assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"requeued"}
+    assert rmq.depth(rmq.queue("alpha")) == 3 and rmq.depth(rmq.queue("beta")) == 0
+    # attempts reset: alpha fails 3 more times (attempts 1-3 again) and parks into the SAME rows
+    call_command("rmq_consume", "alpha", max_idle_time=2, verbosity=0)
+    rows = list(ParkedMessage.objects.all())
+    assert len(rows) == 3
+    assert {(r.status, r.park_count, r.requeue_count, r.attempts) for r in rows} == {
+        ("parked", 2, 1, 3)
+    }
+    assert all(len(r.history) == 2 for r in rows)
+    alpha_starts = Counter(
+        e["id"] for e in read_log(rmq.log) if e["event"] == "start" and e["receiver"] == "alpha"
+    )
+    beta_starts = Counter(
+        e["id"] for e in read_log(rmq.log) if e["event"] == "start" and e["receiver"] == "beta"
+    )
+    assert alpha_starts == {0: 6, 1: 6, 2: 6} and beta_starts == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.broker
+def test_requeue_to_topic_reaches_every_receiver(rmq):
+    _park_real_failures(rmq, 2)
+    result = parking.requeue(ParkedMessage.objects.all(), user="op", mode=parking.MODE_TOPIC)
+    assert result.requeued == 2
+    assert rmq.depth(rmq.queue("alpha")) == 2 and rmq.depth(rmq.queue("beta")) == 2
+
+
+@pytest.mark.broker
+def test_two_concurrent_requeues_never_publish_a_row_twice(rmq):
+    _park_real_failures(rmq, 1)
+    template = ParkedMessage.objects.get()
+    copies = []
+    for i in range(400):
+        template.pk = None
+        template.park_key = f"k{i}"
+        copies.append(
+            ParkedMessage(
+                **{
+                    f.attname: getattr(template, f.attname)
+                    for f in ParkedMessage._meta.concrete_fields
+                    if f.attname != "id"
+                }
+            )
+        )
+    ParkedMessage.objects.bulk_create(copies)
+    total = ParkedMessage.objects.count()
+    results = []
+    barrier = threading.Barrier(2)
+
+    def run():
+        from django.db import connections
+
+        from django_rmq_retry.publishing import Publisher
+
+        try:
+            barrier.wait()
+            results.append(
+                parking.requeue(
+                    ParkedMessage.objects.all(), user="t", batch_size=50, publisher=Publisher()
+                )
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.requeued for r in results) == total
+    assert ParkedMessage.objects.filter(status="requeued").count() == total
+    assert rmq.depth(rmq.queue("alpha")) == total  # each row published exactly once
+    print(
+        f"{connection.vendor}: requeued {[r.requeued for r in results]}, skipped {[r.skipped for r in results]}"
+    )
+
+
+class FailingAfter:
+    """The real publisher, made to fail after `n` publishes (a broker that goes away)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.real = get_publisher()
+
+    def publish_raw(self, *args, **kwargs):
+        if self.n <= 0:
+            raise PublishError("publish failed: connection lost (injected)")
+        self.n -= 1
+        return self.real.publish_raw(*args, **kwargs)
+
+
+@pytest.mark.broker
+def test_interrupted_requeue_can_be_rerun_with_nothing_twice_and_nothing_skipped(rmq):
+    _park_real_failures(rmq, 1)
+    template = ParkedMessage.objects.get()
+    ParkedMessage.objects.bulk_create(
+        [
+            ParkedMessage(
+                **{
+                    **{
+                        f.attname: getattr(template, f.attname)
+                        for f in ParkedMessage._meta.concrete_fields
+                        if f.attname != "id"
+                    },
+                    "park_key": f"k{i}",
+                }
+            )
+            for i in range(99)
+        ]
+    )
+    with pytest.raises(PublishError):
+        parking.requeue(ParkedMessage.objects.all(), batch_size=30, publisher=FailingAfter(45))
+    assert ParkedMessage.objects.filter(status="requeued").count() == 45
+    assert ParkedMessage.objects.filter(status="parked").count() == 55  # claims released
+    result = parking.requeue(ParkedMessage.objects.all(), batch_size=30)
+    assert result.requeued == 55
+    assert rmq.depth(rmq.queue("alpha")) == 100
+
+
+@pytest.mark.broker
+def test_cli_filters_dry_run_and_limit(rmq, capsys):
+    _park_real_failures(rmq, 4)
+    call_command("rmq_requeue", dry_run=True, receiver=["tests.testapp.consumers.alpha"])
+    assert "4 parked message(s) would be requeued" in capsys.readouterr().out
+    call_command("rmq_requeue", limit=3, no_progress=True)
+    assert ParkedMessage.objects.filter(status="requeued").count() == 3
+    call_command("rmq_requeue", error_type=["KeyError"], no_progress=True)
+    assert ParkedMessage.objects.filter(status="parked").count() == 1
+    ids = str(ParkedMessage.objects.get(status="parked").pk)
+    call_command("rmq_requeue", ids=[ids], since="1h", no_progress=True)
+    assert ParkedMessage.objects.filter(status="parked").count() == 0
+    with pytest.raises(CommandError, match="cannot read time"):
+        call_command("rmq_requeue", since="yesterday-ish")
+
+
+def test_discard_and_purge():
+    for i in range(5):
+        parking.park(_request(body=f"{i}".encode()), names=Names("p"))
+    assert (
+        parking.discard(
+            ParkedMessage.objects.filter(body_size=1)[:0] or ParkedMessage.objects.all(), user="op"
+        )
+        == 5
+    )
+    assert parking.discard(ParkedMessage.objects.all()) == 0  # already discarded
+    ParkedMessage.objects.update(parked_at=timezone.now() - timedelta(days=40))
+    parking.park(_request(body=b"fresh"), names=Names("p"))
+    call_command("rmq_purge_parked", older_than="30d", verbosity=0)
+    assert list(ParkedMessage.objects.values_list("status", flat=True)) == ["parked"]
+    with pytest.raises(CommandError, match="cannot read duration"):
+        call_command("rmq_purge_parked", older_than="a while")
+
+
+def test_failure_groups_ignore_the_message_text():
+    from django_rmq_retry.fingerprint import fingerprint, frames_of, library_roots
+
+    def find(order_id):
+        raise LookupError(f"order {order_id} not found")
+
+    prints = set()
+    for oid in (17, 18):
+        try:
+            find(oid)
+        except LookupError as exc:
+            prints.add(
+                fingerprint(
+                    "LookupError", frames_of(exc.__traceback__), library_roots(), "/work/main"
+                )
+            )
+    assert len(prints) == 1
+    assert prints.pop().endswith(":find")
+
+
+def test_summary_groups_by_receiver_and_failure_group():
+    for i in range(3):
+        parking.park(
+            _request(body=f"{i}".encode(), fingerprint="ValueError at a.py:f"), names=Names("p")
+        )
+    parking.park(
+        _request(body=b"x", fingerprint="KeyError at b.py:g", error_type="KeyError"),
+        names=Names("p"),
+    )
+    groups = parking.summary()
+    assert [(g["fingerprint"], g["count"]) for g in groups] == [
+        ("ValueError at a.py:f", 3),
+        ("KeyError at b.py:g", 1),
+    ]
