@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import threading
 import time
@@ -199,7 +200,9 @@ class Consumer:
     # Connection lifecycle -------------------------------------------------------------------
     def _connect_and_declare(self) -> None:
         self._generation += 1
-        self._connection = broker.connect(name="django-rmq-retry consumer")
+        self._connection = broker.connect(
+            name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
+        )
         channel = self._connection.channel()
         topology.declare(channel, topology.plan(self.receivers, self.names, self.levels))
         channel.basic_qos(prefetch_count=self.prefetch)

@@ -99,7 +99,10 @@ class Publisher:
                 self._drop()
         if self._channel is None or not self._channel.is_open:
             self._drop()
-            self._connection = broker.connect(self._url, name="django-rmq-retry publisher")
+            self._connection = broker.connect(
+                self._url,
+                name=f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}",
+            )
             channel = self._connection.channel()
             channel.confirm_delivery()
             if self._declare:
