@@ -340,7 +340,7 @@ class Consumer:
             return
         try:
             action = fut.result()
-        except Exception:
+        except BaseException:  # a bug of ours must not stop the loop: give the message back
             logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
             action = Release()
         if isinstance(action, Ack):
@@ -437,7 +437,7 @@ class Consumer:
         )
         try:
             rec.func(message, receiver=rec, topic=rec.topic_for(routing_key))
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
             self._forget_start(start_key)
             return self._after_failure(d, rec, message, exc)
         self._forget_start(start_key)
