@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -131,6 +131,12 @@ def _filter_description(request: HttpRequest) -> str:
     return "; ".join(parts) if parts else "none"
 
 
+def _breakable(dotted: str) -> SafeString:
+    """A dotted path the browser may wrap after each dot (each part escaped)."""
+    parts = dotted.split(".")
+    return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))
+
+
 class _OutOfTime(Exception):
     """Raised from the progress callback to stop a requeue at a batch boundary."""
 
@@ -162,16 +168,16 @@ class ParkedMessageAdmin(admin.ModelAdmin):
 
     list_display = (
         "id",
-        "receiver",
+        "receiver_display",
         "routing_key",
-        "error_type",
+        "error_type_display",
         "error_short",
         "attempts",
         "status",
         "reason",
         "parked_at",
     )
-    list_display_links = ("id", "receiver")
+    list_display_links = ("id", "receiver_display")
     list_filter = (
         "status",
         "reason",
@@ -312,6 +318,14 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     # List columns ---------------------------------------------------------------------------
+    @admin.display(description=_("receiver"), ordering="receiver")
+    def receiver_display(self, obj: ParkedMessage) -> SafeString:
+        return _breakable(obj.receiver)
+
+    @admin.display(description=_("error type"), ordering="error_type")
+    def error_type_display(self, obj: ParkedMessage) -> SafeString:
+        return _breakable(obj.error_type)
+
     @admin.display(description=_("error"))
     def error_short(self, obj: ParkedMessage) -> str:
         return Truncator(obj.error_message).chars(80)
