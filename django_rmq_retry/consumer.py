@@ -444,7 +444,7 @@ class Consumer:
         return Ack()
 
     def _after_failure(
-        self, d: Delivery, rec: Receiver, message: Message, exc: Exception
+        self, d: Delivery, rec: Receiver, message: Message, exc: BaseException
     ) -> Action:
         policy = policy_cache.for_receiver(rec)
         decision = decide(
