@@ -136,7 +136,11 @@ def parse_content_type(value: str | None) -> tuple[str, dict[str, str]]:
 def _charset(params: Mapping[str, str], content_encoding: str | None) -> str:
     charset = params.get("charset") or content_encoding or "utf-8"
     try:
-        codecs.lookup(charset)
+        info = codecs.lookup(charset)
+        # Bytes-to-bytes codecs (base64, zlib, ...) exist but ``bytes.decode`` refuses them
+        # with LookupError; say so here, as Undecodable, not later as an internal error.
+        if not getattr(info, "_is_text_encoding", True):
+            raise LookupError(f"{charset!r} is not a text encoding")
     except LookupError as exc:
         raise Undecodable(f"unsupported charset/content encoding {charset!r}") from exc
     return charset
@@ -163,6 +167,8 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
             raise Undecodable(
                 f"body is not valid {charset}: {exc.reason} at byte {exc.start}"
             ) from exc
+        except UnicodeError as exc:
+            raise Undecodable(f"body is not valid {charset}: {exc}") from exc
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
@@ -179,6 +185,8 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
             raise Undecodable(
                 f"body is not valid {charset}: {exc.reason} at byte {exc.start}"
             ) from exc
+        except UnicodeError as exc:
+            raise Undecodable(f"body is not valid {charset}: {exc}") from exc
     return body
 
 
