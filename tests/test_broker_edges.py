@@ -42,7 +42,9 @@ def close_connections(name: str) -> int:
 
 
 def test_unroutable_message_is_an_error_not_a_silent_drop(rmq):
-    with pytest.raises(UnroutableError, match=r"no queue is bound for routing key 'nobody\.listens'"):
+    with pytest.raises(
+        UnroutableError, match=r"no queue is bound for routing key 'nobody\.listens'"
+    ):
         Topic("nobody.listens").send({"x": 1})
 
 
