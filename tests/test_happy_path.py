@@ -63,3 +63,35 @@ def test_sigterm_loses_nothing(rmq):
     assert started == done
     time.sleep(0.5)
     assert rmq.depth(rmq.queue("gamma")) == total - len(done)
+
+
+def test_second_signal_exits_cold_and_loses_nothing(rmq):
+    """SIGTERM twice: the process exits at once; the running message returns to the queue."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    other.send({"id": "slow", "sleep": 30})
+    proc = start_consumer(rmq.prefix, rmq.log, "gamma")
+    assert wait_for(lambda: any(e["event"] == "start" for e in read_log(rmq.log)), 30)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "cold exit" in out
+    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 1, 10)
+
+
+def test_threads_run_receivers_concurrently(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    for i in range(8):
+        other.send({"id": i, "sleep": 0.5})
+    consume("gamma", threads=8, prefetch=8, max_messages=8, max_idle_time=5)
+    log = read_log(rmq.log)
+    spans = {e["id"]: [e["t"], None] for e in log if e["event"] == "start"}
+    for e in log:
+        if e["event"] == "done":
+            spans[e["id"]][1] = e["t"]
+    assert len(spans) == 8 and all(end is not None for _, end in spans.values())
+    # receivers overlapped in time: at the moment the last one started, others were running
+    last_start = max(start for start, _ in spans.values())
+    running = sum(1 for start, end in spans.values() if start <= last_start < end)
+    assert running > 1
