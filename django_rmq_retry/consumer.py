@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,6 +30,7 @@ from . import broker, signals, topology
 from .conf import app_settings
 from .delays import DelayLevels
 from .envelope import (
+    UNDECODABLE_HEADERS,
     Failure,
     Undecodable,
     decode_body,
@@ -403,6 +404,21 @@ class Consumer:
         )
         if over_limit is not None:
             return self._park(d, rec, attempt, exchange, routing_key, over_limit, None, start_key)
+        if UNDECODABLE_HEADERS in headers:
+            # pika could not decode the header table (see broker.py): park the body with no
+            # headers, so a requeue of the row is an ordinary message, not this marker again.
+            reason = f"{headers[UNDECODABLE_HEADERS]}; the headers were dropped"
+            d = replace(d, properties={**d.properties, "headers": {}})
+            return self._park(
+                d,
+                rec,
+                attempt,
+                exchange,
+                routing_key,
+                Park(ParkReason.UNDECODABLE, reason),
+                None,
+                start_key,
+            )
         try:
             body = decode_body(
                 d.body, d.properties.get("content_type"), d.properties.get("content_encoding")

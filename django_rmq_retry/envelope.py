@@ -41,6 +41,9 @@ PROPERTY_NAMES: tuple[str, ...] = (
 BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count", "CC", "BCC"})
 BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
+#: Stands in for a header table the AMQP client could not decode (see ``broker.py``).
+UNDECODABLE_HEADERS = "django-rmq-retry-undecodable-headers"
+
 #: The attempt number we accept from a header; anything above is treated as this.
 MAX_ATTEMPT = 1_000_000
 
