@@ -154,6 +154,7 @@ class Consumer:
         self._roots = library_roots()
         self._rng = random.Random()
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
+        self._broker_counts = str(app_settings.QUEUE_TYPE) == "quorum"
 
     # Public control -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -399,7 +400,7 @@ class Consumer:
         exchange, routing_key = original_route(headers, d.exchange, d.routing_key, self.names)
         start_key, over_limit = (
             self._delivery_limit_check(d)
-            if d.redelivered or "x-delivery-count" in headers
+            if d.redelivered or (self._broker_counts and "x-delivery-count" in headers)
             else (None, None)
         )
         if over_limit is not None:
@@ -634,7 +635,9 @@ class Consumer:
         """
         limit = int(app_settings.DELIVERY_LIMIT)
         headers = d.properties.get("headers") or {}
-        broker_count = headers.get("x-delivery-count")
+        # Only a quorum queue sets x-delivery-count; on a classic queue the header can only
+        # come from the publisher, and a forged one must not park a healthy message.
+        broker_count = headers.get("x-delivery-count") if self._broker_counts else None
         if isinstance(broker_count, int) and not isinstance(broker_count, bool):
             if broker_count >= limit:
                 return None, Park(
