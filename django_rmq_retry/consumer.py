@@ -18,9 +18,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import pika.exceptions as pex
@@ -150,7 +151,7 @@ class Consumer:
         self._consumer_tags: list[str] = []
         self._inflight: dict[int, Future[Action]] = {}
         self._last_activity = time.monotonic()
-        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="rmq-receiver")
+        self._pool = _DaemonPool(self.threads, "rmq-receiver")
         self._roots = library_roots()
         self._rng = random.Random()
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
@@ -693,6 +694,62 @@ class Consumer:
             DeliveryStart.objects.filter(key=key).delete()
         except DatabaseError:
             logger.debug("could not clear delivery start %s", key, exc_info=True)
+
+
+class _DaemonPool:
+    """A fixed pool of *daemon* receiver threads returning ``Future`` objects.
+
+    ``ThreadPoolExecutor`` threads are joined at interpreter exit, so a receiver still
+    running after ``SHUTDOWN_TIMEOUT`` held the process until it returned (scenario 5 of the
+    fault suite: timeout 2 s, exit after 8 s). Daemon threads let the process exit on time;
+    the abandoned deliveries were never acked, so the broker redelivers them.
+    """
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._queue: SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            SimpleQueue()
+        )
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
 
 
 def _timestamp(value: Any) -> datetime | None:
