@@ -603,3 +603,61 @@ def test_retry_policy_form_lists_receivers_and_validates(client):
     assert (policy.receiver, policy.max_attempts) == (ALPHA, 4)
     listing = client.get(reverse("admin:django_rmq_retry_retrypolicy_changelist")).content
     assert b"5s, 10s, 20s" in listing
+
+
+@pytest.mark.django_db
+def test_summary_link_works_for_rows_without_a_failure_group(client):
+    bare = make_row(error_type="", fingerprint="", reason="undecodable")
+    make_row()
+    client.force_login(operator())
+    groups = client.get(reverse("admin:django_rmq_retry_parkedmessage_summary")).context["groups"]
+    (empty,) = [g for g in groups if g["fingerprint"] == ""]
+    listing = client.get(empty["url"])
+    assert listing.status_code == 200
+    assert [r.pk for r in listing.context["cl"].result_list] == [bare.pk]
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_two_operators_requeueing_the_same_rows_at_once_never_publish_one_twice(rmq):
+    """A double click, or two operators: the claims let each row go out exactly once."""
+    import threading
+
+    from django.db import connections
+    from django.test import Client
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    n = 600
+    rows = rows_for(rmq, n)
+    users = [operator("requeue_parkedmessage", username=f"op{i}") for i in range(2)]
+    url = changelist_url(receiver=ALPHA)
+    results: list[list[tuple[str, str]]] = []
+    barrier = threading.Barrier(2)
+
+    def click(user: User) -> None:
+        try:
+            c = Client()
+            c.force_login(user)
+            barrier.wait()
+            results.append(
+                texts(post_action(c, "requeue_selected", [rows[0].pk], url=url, across=True))
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=click, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 2, results
+    requeued = 0
+    for shown in results:
+        for level, text in shown:
+            if level == "success":
+                requeued += int(text.split()[1])
+    assert requeued == n, results
+    assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
+    time.sleep(0.2)
+    assert rmq.depth(rmq.queue("alpha")) == n
+    assert LogEntry.objects.count() == 2
