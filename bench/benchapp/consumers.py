@@ -1,0 +1,103 @@
+"""Bench-only receivers. Each one does the least its scenario needs.
+
+``BENCH_MARK_FILE`` (when set) receives one line per process, written by the first call:
+``<epoch seconds> <pid>``; the benchmark times from the first delivery to the consumer's
+exit, so interpreter and Django start-up are not counted (the raw pika twins do the same).
+``bench_noop`` also writes ``end <epoch seconds> <pid> <calls>`` at exit: the happy path is
+timed from the first to the last call, so a consumer that stops on ``--max-idle-time``
+(two processes) is measured like one that stops on ``--max-messages``.
+"""
+
+import atexit
+import json
+import os
+import time
+
+from django_rmq_retry import Reject, Retry, Topic, receiver
+
+noop_topic = Topic("bench.noop")
+pub_topic = Topic("bench.pub")
+retry_topic = Topic("bench.retry")
+delay_topic = Topic("bench.delay")
+park_topic = Topic("bench.park")
+requeue_topic = Topic("bench.requeue")
+
+_marked = False
+_calls = 0
+_last = 0.0
+
+
+def mark_first() -> None:
+    global _marked
+    if _marked:
+        return
+    _marked = True
+    path = os.environ.get("BENCH_MARK_FILE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(f"{time.time()} {os.getpid()}\n")
+        atexit.register(_mark_end, path)
+
+
+def _mark_end(path: str) -> None:
+    if _calls:
+        with open(path, "a") as fh:
+            fh.write(f"end {_last} {os.getpid()} {_calls}\n")
+
+
+@receiver(noop_topic)
+def bench_noop(message, **kwargs):
+    """Does nothing; remembers when it was last called (written at exit as ``end ...``)."""
+    global _calls, _last
+    mark_first()
+    _calls += 1
+    _last = time.time()
+
+
+@receiver(pub_topic)
+def bench_pub(message, **kwargs):
+    """Only here so ``bench.pub`` has a queue; never consumed by the benchmark."""
+
+
+@receiver(
+    retry_topic,
+    retry={
+        "max_attempts": 3,
+        "initial_delay": 600.0,
+        "multiplier": 1.0,
+        "max_delay": 600.0,
+        "jitter": "none",
+    },
+)
+def bench_retry(message, **kwargs):
+    """Fails the first attempt; the retry copy waits 10 minutes (the run ends before)."""
+    mark_first()
+    if message.attempt == 1:
+        raise RuntimeError("first attempt fails")
+
+
+@receiver(delay_topic, retry={"max_attempts": 3, "initial_delay": 1.0, "jitter": "none"})
+def bench_delay(message, **kwargs):
+    """Attempt 1 asks for ``body['delay']`` seconds; attempt 2 records how late it came."""
+    mark_first()
+    if message.attempt == 1:
+        raise Retry(delay=float(message.body["delay"]))
+    now_ms = time.time() * 1000
+    prefix = os.environ.get("RMQ_PREFIX", "rmq_bench")
+    due = message.headers.get(f"{prefix}-due")
+    path = os.environ.get("BENCH_DELAY_FILE")
+    if path:
+        line = json.dumps({"delay": message.body["delay"], "due": due, "arrived": now_ms})
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+
+
+@receiver(park_topic)
+def bench_park(message, **kwargs):
+    mark_first()
+    raise Reject("bench: park at once")
+
+
+@receiver(requeue_topic)
+def bench_requeue(message, **kwargs):
+    """Target queue of the requeue benchmark; never consumed by the benchmark."""

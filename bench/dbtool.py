@@ -1,0 +1,204 @@
+"""Database-side steps of the requeue benchmark, each run as its own process.
+
+    python -m bench.dbtool seed N TAG        # N parked rows (not timed)
+    python -m bench.dbtool requeue TAG       # parking.requeue() of those rows: JSON result
+    python -m bench.dbtool rawrequeue TAG    # the raw twin: SQL + pika with confirms
+    python -m bench.dbtool count TABLE       # rows in a table
+
+The environment (``bench.common.Run.env``) says which database and prefix. ``requeue``
+prints the process's peak RSS before and after, so the memory figure is that of a real
+requeue of every row, measured in a process that did nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import uuid
+
+
+def _setup() -> None:
+    import django
+
+    django.setup()
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def seed(n: int, tag: str) -> None:
+    from django.utils import timezone
+
+    from bench.common import queue_name
+    from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.models import ParkedMessage
+    from django_rmq_retry.names import Names
+
+    queue = queue_name("bench_requeue")
+    exchange = Names(app_settings.PREFIX).work_exchange
+    now = timezone.now()
+    batch = []
+    for i in range(n):
+        mid = uuid.uuid4().hex
+        body = json.dumps({"i": i, "op": "bench"}, separators=(",", ":")).encode()
+        batch.append(
+            ParkedMessage(
+                park_key=f"{tag}-{i}",
+                receiver="bench.benchapp.consumers.bench_requeue",
+                queue=queue,
+                exchange=exchange,
+                routing_key="bench.requeue",
+                message_id=mid,
+                body=body,
+                body_size=len(body),
+                content_type="application/json",
+                properties={
+                    "content_type": "application/json",
+                    "delivery_mode": 2,
+                    "message_id": mid,
+                    "timestamp": int(time.time()),
+                },
+                headers={"app": "bench"},
+                reason="rejected",
+                reason_detail=tag,
+                error_type="bench.Rejected",
+                error_message="bench",
+                attempts=1,
+                parked_at=now,
+            )
+        )
+        if len(batch) >= 2000:
+            ParkedMessage.objects.bulk_create(batch)
+            batch = []
+    if batch:
+        ParkedMessage.objects.bulk_create(batch)
+
+
+def requeue(tag: str) -> None:
+    from django_rmq_retry import parking
+    from django_rmq_retry.models import ParkedMessage
+    from django_rmq_retry.publishing import get_publisher
+
+    qs = ParkedMessage.objects.filter(reason_detail=tag)
+    get_publisher().close()  # nothing warmed up beyond what every requeue needs
+    before = _rss_mb()
+    t0 = time.perf_counter()
+    result = parking.requeue(qs, user="bench")
+    seconds = time.perf_counter() - t0
+    print(
+        json.dumps(
+            {
+                "requeued": result.requeued,
+                "failed": result.failed,
+                "seconds": seconds,
+                "baseline_mb": before,
+                "maxrss_mb": _rss_mb(),
+            }
+        )
+    )
+
+
+def rawrequeue(tag: str) -> None:
+    """What a hand-written requeue does: keyset-paged SQL, a confirmed publish per row,
+    one UPDATE per page. No claims, no history (less work than ours)."""
+    import pika
+    from django.db import connection
+
+    from bench.common import BROKER_URL
+    from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.models import ParkedMessage
+    from django_rmq_retry.names import Names
+
+    names = Names(app_settings.PREFIX)
+    table = ParkedMessage._meta.db_table
+    conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    before = _rss_mb()
+    t0 = time.perf_counter()
+    last = 0
+    done = 0
+    with connection.cursor() as cur:
+        while True:
+            cur.execute(
+                f"SELECT id, body, properties, headers, queue, requeue_count FROM {table} "
+                "WHERE reason_detail = %s AND status = 'parked' AND id > %s ORDER BY id LIMIT 500",
+                [tag, last],
+            )
+            rows = cur.fetchall()
+            if not rows:
+                break
+            ids = []
+            for pk, body, props_json, headers_json, queue, requeue_count in rows:
+                props = json.loads(props_json) if isinstance(props_json, str) else props_json
+                headers = (
+                    json.loads(headers_json) if isinstance(headers_json, str) else headers_json
+                )
+                headers = dict(headers or {})
+                headers[names.target_header] = queue
+                headers[names.header("requeued")] = requeue_count + 1
+                headers[names.header("parked-id")] = str(pk)
+                ch.basic_publish(
+                    names.deliver_exchange,
+                    "",
+                    bytes(body),
+                    pika.BasicProperties(
+                        content_type=props.get("content_type"),
+                        delivery_mode=2,
+                        message_id=props.get("message_id"),
+                        timestamp=props.get("timestamp"),
+                        headers=headers,
+                    ),
+                    mandatory=True,
+                )
+                ids.append(pk)
+            cur.execute(
+                f"UPDATE {table} SET status = 'requeued', requeue_count = requeue_count + 1 "
+                f"WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                ids,
+            )
+            done += len(ids)
+            last = ids[-1]
+    seconds = time.perf_counter() - t0
+    conn.close()
+    print(
+        json.dumps(
+            {
+                "requeued": done,
+                "failed": 0,
+                "seconds": seconds,
+                "baseline_mb": before,
+                "maxrss_mb": _rss_mb(),
+            }
+        )
+    )
+
+
+def count(table: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM {table}")
+        print(cur.fetchone()[0])
+
+
+def main(argv: list[str]) -> None:
+    _setup()
+    cmd, *args = argv
+    if cmd == "seed":
+        seed(int(args[0]), args[1])
+    elif cmd == "requeue":
+        requeue(args[0])
+    elif cmd == "rawrequeue":
+        rawrequeue(args[0])
+    elif cmd == "count":
+        count(args[0])
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

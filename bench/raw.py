@@ -1,0 +1,134 @@
+"""The raw pika twins: what a careful user would write by hand, with no library at all.
+
+Run as processes by the benchmarks (no Django here), e.g.::
+
+    python bench/raw.py consume QUEUE N PREFETCH MARKFILE
+    python bench/raw.py retry QUEUE N PREFETCH MARKFILE DELAY_QUEUE
+    python bench/raw.py park QUEUE N PREFETCH MARKFILE DATABASE_URL
+    python bench/raw.py multi 2 consume QUEUE N PREFETCH MARKFILE   # 2 processes, N/2 each
+
+Every mode decodes the JSON body and acks each message on its own (``multiple=False``), as
+the library does; ``retry`` first republishes a copy with a confirm (``BlockingChannel``
+waits for it), ``park`` first inserts and commits a row. The first delivery writes
+``<epoch seconds> <pid>`` to MARKFILE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import pika
+
+URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def _db(url: str) -> tuple[Any, str]:
+    """A DB-API connection and the parameter style for ``url`` (sqlite:/// or postgres://)."""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        conn = sqlite3.connect(url[len("sqlite:///") :], timeout=20)
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_parked (id INTEGER PRIMARY KEY, message_id TEXT, "
+            "routing_key TEXT, body BLOB, headers TEXT, reason TEXT, parked_at REAL)"
+        )
+        conn.commit()
+        return conn, "?"
+    import psycopg
+
+    conn = psycopg.connect(url)
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS raw_parked (id BIGSERIAL PRIMARY KEY, message_id TEXT, "
+        "routing_key TEXT, body BYTEA, headers JSONB, reason TEXT, parked_at DOUBLE PRECISION)"
+    )
+    conn.commit()
+    return conn, "%s"
+
+
+def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str = "") -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(URL))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=prefetch)
+    pub = None
+    db = None
+    if mode == "retry":
+        pub = conn.channel()
+        pub.confirm_delivery()
+    if mode == "park":
+        db, ph = _db(extra)
+        insert = (
+            "INSERT INTO raw_parked (message_id, routing_key, body, headers, reason, parked_at) "
+            f"VALUES ({', '.join([ph] * 6)})"
+        )
+    count = 0
+    marked = False
+    last = 0.0
+
+    def on_message(channel: Any, method: Any, props: Any, body: bytes) -> None:
+        nonlocal count, marked, last
+        if not marked:
+            marked = True
+            with open(mark, "a") as fh:
+                fh.write(f"{time.time()} {os.getpid()}\n")
+        data = json.loads(body)
+        if mode == "retry":
+            headers = dict(props.headers or {})
+            headers.update({"raw-attempt": 2, "raw-error": "first attempt fails"})
+            copy = pika.BasicProperties(
+                content_type=props.content_type,
+                delivery_mode=2,
+                message_id=props.message_id,
+                timestamp=props.timestamp,
+                headers=headers,
+            )
+            pub.basic_publish("", extra, body, copy, mandatory=True)  # waits for the confirm
+        elif mode == "park":
+            db.execute(
+                insert,
+                (
+                    props.message_id,
+                    method.routing_key,
+                    body,
+                    json.dumps(props.headers or {}),
+                    f"rejected {data.get('i')}",
+                    time.time(),
+                ),
+            )
+            db.commit()
+        channel.basic_ack(method.delivery_tag)
+        count += 1
+        last = time.time()
+        if count >= n:
+            channel.stop_consuming()
+
+    ch.basic_consume(queue, on_message)
+    ch.start_consuming()
+    conn.close()
+    if mode == "consume":
+        with open(mark, "a") as fh:
+            fh.write(f"end {last} {os.getpid()} {count}\n")
+    if db is not None:
+        db.close()
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "multi":  # multi P MODE QUEUE N ...: P processes, N/P messages each
+        import subprocess
+
+        procs, mode, queue, n, *rest = argv[1:]
+        each = int(n) // int(procs)
+        children = [
+            subprocess.Popen([sys.executable, __file__, mode, queue, str(each), *rest])
+            for _ in range(int(procs))
+        ]
+        sys.exit(max(abs(c.wait()) for c in children))
+    mode, queue, n, prefetch, mark, *rest = argv
+    consume(mode, queue, int(n), int(prefetch), mark, rest[0] if rest else "")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Run the benchmark suite and print one table: figure, ours, raw pika, ratio, target, met?
+
+    .venv/bin/python bench/run.py            # everything (several minutes)
+    .venv/bin/python bench/run.py --quick    # smaller counts and shorter delays
+    .venv/bin/python bench/run.py happy delay   # only these scenarios
+
+Scenarios: happy, publishing, retry, delay, parking, requeue, growth. Needs RabbitMQ
+(RMQ_URL) and, for parking/requeue on PostgreSQL, a server at BENCH_PG_URL (an admin URL;
+the run creates and drops its own database). Every run uses a fresh prefix and deletes its
+queues, exchanges, database and files at the end, also when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Row, Run, machine, setup_django, table
+
+ORDER = ["happy", "publishing", "retry", "delay", "parking", "requeue", "growth"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenarios", nargs="*", choices=[[], *ORDER], metavar="SCENARIO")
+    parser.add_argument("--quick", action="store_true", help="Smaller counts, shorter delays.")
+    args = parser.parse_args(argv)
+    wanted = args.scenarios or ORDER
+    run = Run(quick=args.quick)
+    setup_django(run)
+    from bench.scenarios import SCENARIOS
+
+    rows: list[Row] = []
+    failed = []
+    started = time.monotonic()
+    try:
+        for name in ORDER:
+            if name not in wanted:
+                continue
+            t0 = time.monotonic()
+            print(f"· {name} ...", file=sys.stderr, flush=True)
+            try:
+                got = SCENARIOS[name](run)
+            except Exception:
+                failed.append(name)
+                traceback.print_exc()
+                continue
+            rows.extend(got)
+            print(f"  {name} done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+            for r in got:
+                print("  " + table([r]).splitlines()[-1], file=sys.stderr, flush=True)
+    finally:
+        from django_rmq_retry.publishing import reset_publisher
+
+        reset_publisher()
+        run.cleanup()
+    print()
+    print(f"django-rmq-retry benchmarks{' (--quick)' if run.quick else ''}: {machine()}")
+    print(f"total {time.monotonic() - started:.0f}s, prefix {run.prefix}")
+    print()
+    print(table(rows))
+    if failed:
+        print(f"\nFAILED scenarios: {', '.join(failed)} (see the tracebacks above)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

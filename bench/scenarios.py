@@ -1,0 +1,511 @@
+"""The benchmark scenarios of issue 6. Each returns table rows; ``bench/run.py`` runs them.
+
+Every figure is measured beside its raw-pika twin in the same run, on the same broker, one
+after the other, so the ratio is meaningful even on a busy machine. Each scenario checks
+that the work was really done (queue depths, row counts) before it reports a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from bench.common import (
+    BROKER_URL,
+    ROOT,
+    Row,
+    Run,
+    Timed,
+    declare_raw_queue,
+    depth,
+    manage_cmd,
+    publish_bodies,
+    purge,
+    queue_name,
+    raw_cmd,
+    run_timed,
+    wait_depth,
+)
+
+PREFETCH = 20
+
+
+# Helpers ---------------------------------------------------------------------------------
+def ours_consume(
+    run: Run,
+    short: str,
+    n: int,
+    *,
+    processes: int = 1,
+    db: str = "sqlite",
+    timeout: float = 300,
+    **env: str,
+) -> Timed:
+    mark = run.path("mark")
+    mark.touch()
+    args = ["rmq_consume", short, "--prefetch", str(PREFETCH), "--no-orphans"]
+    if processes > 1:
+        # --max-messages is per process and overshoots by up to a prefetch (see the
+        # report): stop on idleness instead; the time is first call -> last call.
+        args += ["--processes", str(processes), "--max-idle-time", "2"]
+    else:
+        args += ["--max-messages", str(n)]
+    return run_timed(
+        manage_cmd(*args),
+        run.env(db, BENCH_MARK_FILE=str(mark), **env),
+        mark,
+        run.path(f"ours-{short}.log"),
+        timeout,
+    )
+
+
+def raw_consume(
+    run: Run, mode: str, queue: str, n: int, *, processes: int = 1, extra: str = ""
+) -> Timed:
+    mark = run.path("mark")
+    mark.touch()
+    args: list[Any] = [mode, queue, n, PREFETCH, mark] + ([extra] if extra else [])
+    if processes > 1:
+        args = ["multi", processes, *args]
+    return run_timed(raw_cmd(*args), run.env(), mark, run.path(f"raw-{mode}.log"), 600)
+
+
+def ensure_empty(*queues: str) -> None:
+    for q in queues:
+        left = depth(q)
+        if left:
+            raise RuntimeError(f"{q} still holds {left} message(s): the run did not finish")
+
+
+def happy_pair(run: Run, n: int, processes: int = 1) -> tuple[Timed, Timed]:
+    """Pre-publish n messages to our queue and n to the raw twin's; consume both."""
+    ours_q = queue_name("bench_noop")
+    raw_q = declare_raw_queue(run, "happy", "bench.rawhappy")
+    publish_bodies("bench.noop", n)
+    publish_bodies("bench.rawhappy", n)
+    wait_depth(ours_q, n)
+    wait_depth(raw_q, n)
+    ours = ours_consume(run, "bench_noop", n, processes=processes)
+    raw = raw_consume(run, "consume", raw_q, n, processes=processes)
+    ensure_empty(ours_q, raw_q)
+    for label, t in (("ours", ours), ("raw", raw)):
+        if t.calls != n:
+            raise RuntimeError(f"{label}: {t.calls} receiver calls for {n} messages")
+    return ours, raw
+
+
+# 1. Happy path ---------------------------------------------------------------------------
+def happy(run: Run) -> list[Row]:
+    n = 20_000
+    if ("happy", n) not in run.cache:
+        run.cache[("happy", n)] = happy_pair(run, n)
+    one_ours, one_raw = run.cache[("happy", n)]
+    two_ours, two_raw = happy_pair(run, n, processes=2)
+    r1o, r1r = n / one_ours.seconds, n / one_raw.seconds
+    r2o, r2r = n / two_ours.seconds, n / two_raw.seconds
+    return [
+        Row(
+            f"happy path, 1 process, {n:,} msgs",
+            r1o,
+            r1r,
+            "msg/s",
+            "≥ 0.90× raw",
+            r1o / r1r >= 0.9,
+        ),
+        Row(f"happy path, 2 processes, {n:,} msgs", r2o, r2r, "msg/s", "", None),
+        Row(
+            "happy path, 2 processes ÷ 1 process",
+            r2o / r1o,
+            r2r / r1r,
+            "×",
+            "ours ≥ 1.7×",
+            r2o / r1o >= 1.7,
+        ),
+    ]
+
+
+# 2. Publishing ---------------------------------------------------------------------------
+def _raw_props() -> Any:
+    import pika
+
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_id=uuid.uuid4().hex,
+        timestamp=int(time.time()),
+        headers={},
+    )
+
+
+def raw_single_publish(exchange: str, routing_key: str, n: int) -> float:
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    body = json.dumps({"i": -1, "op": "bench"}, separators=(",", ":")).encode()
+    ch.basic_publish(exchange, routing_key, body, _raw_props(), mandatory=True)  # warm-up
+    t0 = time.perf_counter()
+    for i in range(n):
+        body = json.dumps({"i": i, "op": "bench"}, separators=(",", ":")).encode()
+        ch.basic_publish(exchange, routing_key, body, _raw_props(), mandatory=True)
+    seconds = time.perf_counter() - t0
+    conn.close()
+    return seconds
+
+
+def raw_batch_publish(exchange: str, routing_key: str, n: int, window: int = 1000) -> float:
+    """The raw pipelined publisher: pika's async SelectConnection, confirms in a window."""
+    import pika
+
+    state: dict[str, Any] = {"sent": 0, "outstanding": {}, "nacked": 0, "returned": 0}
+    t: dict[str, float] = {}
+
+    def on_open(conn: Any) -> None:
+        conn.channel(on_open_callback=on_channel)
+
+    def on_channel(ch: Any) -> None:
+        state["ch"] = ch
+        ch.add_on_return_callback(lambda *a: state.__setitem__("returned", state["returned"] + 1))
+        ch.confirm_delivery(on_confirm, callback=lambda _f: start())
+
+    def start() -> None:
+        t["start"] = time.perf_counter()
+        pump()
+
+    def on_confirm(frame: Any) -> None:
+        m = frame.method
+        out = state["outstanding"]
+        tags = [x for x in out if x <= m.delivery_tag] if m.multiple else [m.delivery_tag]
+        for x in tags:
+            out.pop(x, None)
+        if m.NAME == "Basic.Nack":
+            state["nacked"] += len(tags)
+        pump()
+
+    def pump() -> None:
+        ch, out = state["ch"], state["outstanding"]
+        while state["sent"] < n and len(out) < window:
+            i = state["sent"]
+            body = json.dumps({"i": i, "op": "bench"}, separators=(",", ":")).encode()
+            ch.basic_publish(exchange, routing_key, body, _raw_props(), mandatory=True)
+            state["sent"] += 1
+            out[state["sent"]] = True
+        if state["sent"] == n and not out and "end" not in t:
+            t["end"] = time.perf_counter()
+            conn.close()
+
+    conn = pika.SelectConnection(
+        pika.URLParameters(BROKER_URL),
+        on_open_callback=on_open,
+        on_close_callback=lambda c, r: c.ioloop.stop(),
+    )
+    conn.ioloop.start()
+    if state["nacked"] or state["returned"] or "end" not in t:
+        raise RuntimeError(f"raw batch publish failed: {state['nacked']} nacked, {state}")
+    return t["end"] - t["start"]
+
+
+def publishing(run: Run) -> list[Row]:
+    from bench.benchapp.consumers import pub_topic
+    from django_rmq_retry.names import Names
+
+    single_n = 1_000 if run.quick else 3_000
+    batch_n = 20_000 if run.quick else 50_000
+    q = queue_name("bench_pub")
+    exchange = Names(run.prefix).work_exchange
+    purge(q)
+    pub_topic.send({"i": -1, "op": "bench"})  # connect and declare before timing
+    t0 = time.perf_counter()
+    for i in range(single_n):
+        pub_topic.send({"i": i, "op": "bench"})
+    ours_single = time.perf_counter() - t0
+    wait_depth(q, single_n + 1)
+    purge(q)
+    raw_single = raw_single_publish(exchange, "bench.pub", single_n)
+    wait_depth(q, single_n + 1)
+    purge(q)
+    bodies = [{"i": i, "op": "bench"} for i in range(batch_n)]
+    t0 = time.perf_counter()
+    results = pub_topic.send_many(bodies)
+    ours_batch = time.perf_counter() - t0
+    assert len(results) == batch_n
+    wait_depth(q, batch_n)
+    purge(q)
+    raw_batch = raw_batch_publish(exchange, "bench.pub", batch_n)
+    wait_depth(q, batch_n)
+    purge(q)
+    os_, rs = single_n / ours_single, single_n / raw_single
+    ob, rb = batch_n / ours_batch, batch_n / raw_batch
+    return [
+        Row(
+            "Topic.send, one at a time (confirmed)",
+            os_,
+            rs,
+            "msg/s",
+            "≥ 0.90× raw",
+            os_ / rs >= 0.9,
+        ),
+        Row(f"Topic.send_many, {batch_n:,} msgs (pipelined confirms)", ob, rb, "msg/s", "", None),
+        Row("send_many ÷ Topic.send", ob / os_, rb / rs, "×", "ours ≥ 10×", ob / os_ >= 10),
+    ]
+
+
+# 3. Retry path ---------------------------------------------------------------------------
+def retry(run: Run) -> list[Row]:
+    from django_rmq_retry import topology
+    from django_rmq_retry.topics import default_registry
+
+    n = 2_000 if run.quick else 5_000
+    ours_q = queue_name("bench_retry")
+    raw_q = declare_raw_queue(run, "retry", "bench.rawretry")
+    raw_delay = declare_raw_queue(run, "retrydelay", None, **{"x-message-ttl": 600_000})
+    publish_bodies("bench.retry", n)
+    publish_bodies("bench.rawretry", n)
+    wait_depth(ours_q, n)
+    wait_depth(raw_q, n)
+    ours = ours_consume(run, "bench_retry", n)
+    raw = raw_consume(run, "retry", raw_q, n, extra=raw_delay)
+    ensure_empty(ours_q, raw_q)
+    delay_queues = [
+        q.name for q in topology.plan(default_registry.all()).queues if ".delay." in q.name
+    ]
+    held = sum(depth(q) for q in delay_queues)
+    if held != n or depth(raw_delay) != n:
+        raise RuntimeError(f"retry copies: ours {held}, raw {depth(raw_delay)}, expected {n}")
+    for q in [*delay_queues, raw_delay]:
+        purge(q)
+    ro, rr = n / ours.seconds, n / raw.seconds
+    return [
+        Row(
+            f"retry path, failures handled/s ({n:,})",
+            ro,
+            rr,
+            "msg/s",
+            "≥ 0.80× raw",
+            ro / rr >= 0.8,
+        )
+    ]
+
+
+# 4. Delay accuracy -----------------------------------------------------------------------
+def delay(run: Run) -> list[Row]:
+    from bench.benchapp.consumers import delay_topic
+
+    delays = (1, 3, 10) if run.quick else (1, 5, 30)
+    per = 30 if run.quick else 60
+    bodies = [{"i": i, "delay": d} for i in range(per) for d in delays]  # interleaved
+    out = run.path("delays.jsonl")
+    mark = run.path("mark")
+    mark.touch()
+    proc = subprocess.Popen(
+        manage_cmd(
+            "rmq_consume",
+            "bench_delay",
+            "--max-messages",
+            str(2 * len(bodies)),
+            "--no-orphans",
+            "--prefetch",
+            "50",
+        ),
+        cwd=ROOT,
+        env=run.env(BENCH_DELAY_FILE=str(out), BENCH_MARK_FILE=str(mark)),
+        stdout=open(run.path("ours-delay.log"), "wb"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    delay_topic.send_many(bodies)
+    try:
+        proc.wait(timeout=max(delays) + 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError("delay benchmark did not finish") from None
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    if len(records) != len(bodies):
+        raise RuntimeError(f"{len(records)} of {len(bodies)} delayed messages arrived")
+    late = sorted(r["arrived"] - r["due"] for r in records)
+    p50 = statistics.median(late)
+    p99 = late[min(len(late) - 1, round(0.99 * (len(late) - 1)))]
+    worst = {d: max(r["arrived"] - r["due"] for r in records if r["delay"] == d) for d in delays}
+    note = f"{len(late)} msgs, delays {'/'.join(f'{d}s' for d in delays)}; min {late[0]:.0f} ms"
+    per_delay = ", ".join(f"{d}s max {w:.0f}" for d, w in worst.items())
+    return [
+        Row("delay lateness p50", p50, None, "ms", "", None, note=note),
+        Row("delay lateness p99", p99, None, "ms", "≤ 100 ms", p99 <= 100),
+        Row("delay lateness max", late[-1], None, "ms", "", None, note=per_delay),
+    ]
+
+
+# 5. Parking and requeue ------------------------------------------------------------------
+def _db_count(run: Run, db: str, table: str) -> int:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.dbtool", "count", table],
+        cwd=ROOT,
+        env=run.env(db),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def parking(run: Run) -> list[Row]:
+    from django_rmq_retry.models import ParkedMessage
+
+    n = 1_000 if run.quick else 3_000
+    rows = []
+    table = ParkedMessage._meta.db_table
+    for db, label in (("sqlite", "SQLite"), ("postgres", "PostgreSQL")):
+        ours_q = queue_name("bench_park")
+        raw_q = declare_raw_queue(run, "park", "bench.rawpark")
+        before = _db_count(run, db, table)
+        publish_bodies("bench.park", n)
+        publish_bodies("bench.rawpark", n)
+        wait_depth(ours_q, n)
+        wait_depth(raw_q, n)
+        ours = ours_consume(run, "bench_park", n, db=db)
+        raw = raw_consume(run, "park", raw_q, n, extra=run.db_url(db))
+        ensure_empty(ours_q, raw_q)
+        parked = _db_count(run, db, table) - before
+        if parked != n:
+            raise RuntimeError(f"{parked} rows parked on {label}, expected {n}")
+        ro, rr = n / ours.seconds, n / raw.seconds
+        target = "≥ 1,000/s" if db == "postgres" else ""
+        rows.append(
+            Row(
+                f"parking, {label} ({n:,}, commit before ack)",
+                ro,
+                rr,
+                "msg/s",
+                target,
+                (ro >= 1000) if db == "postgres" else None,
+            )
+        )
+    return rows
+
+
+def _dbtool(run: Run, db: str, *args: str, timeout: float = 1800) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.dbtool", *args],
+        cwd=ROOT,
+        env=run.env(db),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
+    return json.loads(line)
+
+
+def requeue(run: Run) -> list[Row]:
+    rows = []
+    target_q = queue_name("bench_requeue")
+    speed_n = 5_000 if run.quick else 20_000
+    mem_n = 20_000 if run.quick else 100_000
+    for db, label, n in (
+        ("sqlite", "SQLite", speed_n),
+        ("postgres", "PostgreSQL", mem_n),
+    ):
+        results = {}
+        for kind in ("requeue", "rawrequeue"):
+            tag = f"{kind}-{uuid.uuid4().hex[:8]}"
+            _dbtool(run, db, "seed", str(n), tag)
+            purge(target_q)
+            res = _dbtool(run, db, kind, tag)
+            if res.get("requeued") != n:
+                raise RuntimeError(f"{kind} on {label}: {res}")
+            wait_depth(target_q, n)
+            purge(target_q)
+            results[kind] = res
+        ours, raw = results["requeue"], results["rawrequeue"]
+        ro, rr = n / ours["seconds"], n / raw["seconds"]
+        rows.append(
+            Row(
+                f"requeue, {label} ({n:,} rows, confirms)",
+                ro,
+                rr,
+                "rows/s",
+                "≥ 5,000/s",
+                ro >= 5000,
+            )
+        )
+        if db == "postgres":
+            rows.append(
+                Row(
+                    f"requeue peak RSS, {n:,} rows (process)",
+                    ours["maxrss_mb"],
+                    raw["maxrss_mb"],
+                    "MB",
+                    "≤ 150 MB",
+                    ours["maxrss_mb"] <= 150,
+                    note=f"before requeue {ours['baseline_mb']:.0f} MB",
+                )
+            )
+    return rows
+
+
+# 6. Cost growth --------------------------------------------------------------------------
+def growth(run: Run) -> list[Row]:
+    sizes = (2_000, 20_000) if run.quick else (2_000, 20_000, 200_000)
+    rows = []
+    per: dict[int, tuple[Timed, Timed]] = {}
+    for n in sizes:
+        per[n] = run.cache.get(("happy", n)) or happy_pair(run, n)
+        run.cache[("happy", n)] = per[n]
+        ours, raw = per[n]
+        rows.append(
+            Row(
+                f"cost per message at {n:,}",
+                ours.seconds / n * 1e6,
+                raw.seconds / n * 1e6,
+                "µs",
+                "",
+                None,
+            )
+        )
+        rows.append(
+            Row(f"consumer peak RSS at {n:,}", ours.maxrss_mb, raw.maxrss_mb, "MB", "", None)
+        )
+    lo, hi = sizes[0], sizes[-1]
+    cost_lo = per[lo][0].seconds / lo
+    cost_hi = per[hi][0].seconds / hi
+    raw_growth = (per[hi][1].seconds / hi) / (per[lo][1].seconds / lo)
+    rows.append(
+        Row(
+            f"cost per message {hi:,} ÷ {lo:,}",
+            cost_hi / cost_lo,
+            raw_growth,
+            "×",
+            "≤ 1.3× (linear)",
+            cost_hi / cost_lo <= 1.3,
+        )
+    )
+    grow = per[hi][0].maxrss_mb - per[lo][0].maxrss_mb
+    rows.append(
+        Row(
+            f"consumer RSS growth {lo:,} → {hi:,}",
+            grow,
+            per[hi][1].maxrss_mb - per[lo][1].maxrss_mb,
+            "MB",
+            "≤ 20 MB (flat)",
+            grow <= 20,
+            ratio=float("nan"),
+        )
+    )
+    return rows
+
+
+SCENARIOS = {
+    "happy": happy,
+    "publishing": publishing,
+    "retry": retry,
+    "delay": delay,
+    "parking": parking,
+    "requeue": requeue,
+    "growth": growth,
+}
