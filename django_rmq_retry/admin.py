@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -26,8 +27,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from . import parking
 from .envelope import is_json_type, parse_content_type
@@ -274,10 +275,10 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")
+        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")  # type: ignore[union-attr]
 
     def has_discard_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")
+        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")  # type: ignore[union-attr]
 
     # Querysets ------------------------------------------------------------------------------
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
@@ -471,7 +472,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
             "count": parked.count(),
             "routes": routes,
             "action": "republish_to_topic",
-            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
             "filters": _filter_description(request),
         }
@@ -540,7 +541,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         if n or not (result.failed or broker_error):
             level = messages.SUCCESS if n else messages.WARNING
             if not n and not stopped:
-                text = _("Nothing was requeued: none of the selected messages is parked.")
+                text = gettext("Nothing was requeued: none of the selected messages is parked.")
             self.message_user(request, text % {"count": n}, level)
         if result.failed:
             self.message_user(
@@ -602,7 +603,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
     def _log(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], text: str) -> None:
         """One admin-history entry per operator action: who, how many, which selection."""
         across = request.POST.get("select_across") == "1"
-        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if across:
             selection = "all rows matching the filter"
         else:
@@ -664,7 +665,7 @@ class RetryPolicyForm(forms.ModelForm):
         if current and current not in {r.name for r in known}:
             choices.append((current, f"{current} (not registered in this process)"))
         self.fields["receiver"] = forms.ChoiceField(
-            label=RetryPolicy._meta.get_field("receiver").verbose_name,
+            label=_("receiver"),
             choices=choices,
             help_text=_(
                 "The receivers registered in this project (rmq_consume --list shows the same). "

@@ -661,3 +661,19 @@ def test_two_operators_requeueing_the_same_rows_at_once_never_publish_one_twice(
     time.sleep(0.2)
     assert rmq.depth(rmq.queue("alpha")) == n
     assert LogEntry.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_actions_need_a_csrf_token():
+    from django.test import Client
+
+    row = make_row()
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    response = strict.post(
+        changelist_url(),
+        {"action": "discard_selected", "_selected_action": [str(row.pk)], "index": "0"},
+    )
+    assert response.status_code == 403
+    row.refresh_from_db()
+    assert row.status == ParkedStatus.PARKED
