@@ -10,7 +10,7 @@ export DJANGO_SETTINGS_MODULE=testproject.settings
 
 say "migrating the demo database (SQLite: testproject/../demo.sqlite3)"
 "$PY" manage.py migrate -v0
-"$PY" manage.py shell -c "
+"$PY" manage.py shell -v 0 -c "
 from django.contrib.auth import get_user_model
 U = get_user_model()
 U.objects.filter(username='admin').exists() or U.objects.create_superuser('admin', 'admin@example.com', 'admin')
@@ -20,12 +20,14 @@ say "publishing 20 demo orders"
 "$PY" manage.py publish_demo --count "${DEMO_COUNT:-20}"
 say "consuming until idle for 12 s (watch retries grow: 1 s, 2 s, 4 s, then parking)"
 "$PY" manage.py rmq_consume --max-idle-time 12 -v2
-"$PY" manage.py shell -c "
+"$PY" manage.py shell -v 0 -c "
+import json
 from django_rmq_retry.models import ParkedMessage
 from testproject.shop.models import Invoice
 print(f'invoices written: {Invoice.objects.count()}')
 for p in ParkedMessage.objects.filter(status='parked'):
-    print(f'parked #{p.pk}: {p.receiver} order {p.message_id[:8]} after {p.attempts} attempts: {p.error_message}')
+    order = json.loads(bytes(p.body))['order_id']
+    print(f'parked #{p.pk}: {p.receiver}, order {order}, after {p.attempts} attempts: {p.error_message}')
 "
 say "done. See the parked messages: $PY manage.py runserver, then http://127.0.0.1:8000/admin/ (admin / admin)"
 say "requeue them from the admin or with: $PY manage.py rmq_requeue"
