@@ -175,9 +175,23 @@ class Run:
 
     # Cleanup -----------------------------------------------------------------------------
     def cleanup(self) -> None:
-        import pika
+        """Delete this run's queues, exchanges, database and files (whatever got created)."""
+        try:
+            self._cleanup_broker()
+        finally:
+            self._cleanup_databases()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _cleanup_broker(self) -> None:
+        import pika
+        from django.apps import apps
+
+        if not apps.ready:
+            return
         from django_rmq_retry import topology
+        from django_rmq_retry.publishing import reset_publisher
+
+        reset_publisher()
         from django_rmq_retry.names import Names
         from django_rmq_retry.topics import default_registry
 
@@ -196,6 +210,8 @@ class Run:
             except Exception:
                 ch = conn.channel()
         conn.close()
+
+    def _cleanup_databases(self) -> None:
         if self.pg_db:
             import psycopg
             from django.db import connections
@@ -203,7 +219,6 @@ class Run:
             connections.close_all()
             with psycopg.connect(PG_ADMIN_URL, autocommit=True) as pg:
                 pg.execute(f'DROP DATABASE IF EXISTS "{self.pg_db}" WITH (FORCE)')
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @dataclass

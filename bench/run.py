@@ -33,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     wanted = args.scenarios or ORDER
     run = Run(quick=args.quick)
-    setup_django(run)
-    from bench.scenarios import SCENARIOS
-
     rows: list[Row] = []
     failed = []
     started = time.monotonic()
     try:
+        setup_django(run)
+        from bench.scenarios import SCENARIOS
+
         for name in ORDER:
             if name not in wanted:
                 continue
@@ -56,9 +56,6 @@ def main(argv: list[str] | None = None) -> int:
             for r in got:
                 print("  " + table([r]).splitlines()[-1], file=sys.stderr, flush=True)
     finally:
-        from django_rmq_retry.publishing import reset_publisher
-
-        reset_publisher()
         run.cleanup()
     print()
     print(f"django-rmq-retry benchmarks{' (--quick)' if run.quick else ''}: {machine()}")

@@ -6,7 +6,7 @@ cleanup deletes exactly its own queues and exchanges.
 """
 
 from testproject.settings import *  # noqa: F403
-from testproject.settings import INSTALLED_APPS, RMQ_RETRY, env
+from testproject.settings import DATABASES, INSTALLED_APPS, RMQ_RETRY, env
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 
@@ -15,6 +15,12 @@ RMQ_RETRY = {
     "PREFIX": env("RMQ_PREFIX", default="rmq_bench"),
     "PREFETCH": env.int("BENCH_PREFETCH", default=20),
 }
+
+# Django's default CONN_MAX_AGE=0 closes the connection after every message (the consumer
+# calls close_old_connections() around each one, like a request); the parking benchmark
+# runs once with the default and once with persistent connections.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("BENCH_CONN_MAX_AGE", default=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 LOGGING = {
     "version": 1,
