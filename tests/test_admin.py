@@ -428,6 +428,9 @@ def test_discard_selected_marks_rows_and_writes_history(client):
     entry = LogEntry.objects.get()
     assert (entry.user.username, entry.object_id) == ("op", str(gone.pk))
     assert entry.change_message.startswith("Discarded 1 parked message(s).")
+    # It shows on the row's own history page in the admin.
+    history = client.get(reverse("admin:django_rmq_retry_parkedmessage_history", args=[gone.pk]))
+    assert "Discarded 1 parked message(s)." in history.content.decode()
 
 
 @pytest.mark.broker
