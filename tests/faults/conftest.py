@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import read_log
+from tests.conftest import read_log, start_consumer
 
 ROWS: list[dict[str, Any]] = []
 COLUMNS = ("scenario", "published", "handled OK", "parked", "duplicates", "lost", "notes")
@@ -139,28 +140,61 @@ class Tally:
 
 
 # Processes --------------------------------------------------------------------------------
+def spawn(rmq: Any, *args: str, **env: str) -> subprocess.Popen[str]:
+    """``start_consumer`` plus a thread that keeps reading the child's output.
+
+    Without it a chatty consumer fills the 64 KiB pipe and blocks in ``logging`` — a hang
+    of the test harness, not of the library.
+    """
+    proc = start_consumer(rmq.prefix, rmq.log, *args, **env)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc._fault_lines = lines  # type: ignore[attr-defined]
+    proc._fault_reader = reader  # type: ignore[attr-defined]
+    return proc
+
+
+def output(proc: subprocess.Popen[str]) -> str:
+    lines = getattr(proc, "_fault_lines", None)
+    return "".join(lines) if lines is not None else ""
+
+
+def _reap(proc: subprocess.Popen[str], timeout: float) -> str:
+    reader = getattr(proc, "_fault_reader", None)
+    if reader is None:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        return out or ""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    reader.join(10)
+    return output(proc)
+
+
 def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> str:
     """Signal one child we started (by its pid), reap it, return its output."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, sig)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out or ""
+    return _reap(proc, 60)
 
 
 def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    if proc.poll() is not None:
-        out, _ = proc.communicate()
-        return out or ""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return kill(proc)
-    return out or ""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return _reap(proc, timeout)
 
 
 @pytest.fixture
@@ -186,6 +220,23 @@ def queues_empty(rmq: Any) -> bool:
         except Exception:
             return False
     return True
+
+
+def depths(rmq: Any) -> dict[str, int]:
+    """Ready messages per non-empty queue of this test's prefix (for failure messages)."""
+    from django_rmq_retry import topology
+    from django_rmq_retry.topics import default_registry
+
+    out = {}
+    for q in topology.plan(default_registry.all(), rmq.names).queues:
+        try:
+            n = rmq.depth(q.name)
+        except Exception as exc:
+            out[q.name] = repr(exc)
+            continue
+        if n:
+            out[q.name] = n
+    return out
 
 
 def settle(rmq: Any, tally: Tally, timeout: float) -> bool:

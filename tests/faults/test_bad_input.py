@@ -19,8 +19,8 @@ import pytest
 from django.core.management import call_command
 
 from django_rmq_retry.models import ParkedMessage
-from tests.conftest import BROKER_URL, read_log, start_consumer
-from tests.faults.conftest import record, stop
+from tests.conftest import BROKER_URL, read_log
+from tests.faults.conftest import record, spawn, stop
 from tests.faults.rawamqp import BrokerClosed, Raw, RawPublisher, Void, longstr, nested
 
 pytestmark = [
@@ -64,7 +64,7 @@ def test_bad_input_is_handled_or_parked_and_the_consumer_keeps_going(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     alpha_q = rmq.queue("alpha")
     attempt = rmq.names.header("attempt")
-    proc = start_consumer(rmq.prefix, rmq.log, "alpha", "beta")
+    proc = spawn(rmq, "alpha", "beta")
     # case -> expected: ("done", id) | ("done-bytes",) | ("parked", reason, attempts or None)
     expected: dict[str, tuple] = {}
     refused: dict[str, str] = {}

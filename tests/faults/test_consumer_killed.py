@@ -16,8 +16,8 @@ import time
 import pytest
 from django.core.management import call_command
 
-from tests.conftest import start_consumer, wait_for
-from tests.faults.conftest import Tally, kill, record, settle, stop
+from tests.conftest import wait_for
+from tests.faults.conftest import Tally, kill, record, settle, spawn, stop
 from tests.testapp.events import other, work
 
 pytestmark = [
@@ -69,7 +69,7 @@ def run_with_kills(rmq, procs, *, consumers: int, n: int, kills: int, seed: int,
     publisher.start()
 
     def launch():
-        p = start_consumer(rmq.prefix, rmq.log, "--prefetch", "20", "--threads", "2")
+        p = spawn(rmq, "--prefetch", "20", "--threads", "2")
         procs.append(p)
         return p
 

@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 
 from django_rmq_retry.models import DeliveryStart, ParkedMessage
-from tests.conftest import read_log, start_consumer, wait_for
-from tests.faults.conftest import record, stop
+from tests.conftest import read_log, wait_for
+from tests.faults.conftest import record, spawn, stop
 from tests.testapp.events import other
 
 pytestmark = [
@@ -35,9 +35,8 @@ def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limi
         other.send({"id": i})
     deaths = 0
     for _round in range(3 * limit):
-        proc = start_consumer(
-            rmq.prefix,
-            rmq.log,
+        proc = spawn(
+            rmq,
             "gamma",
             "--threads",
             "1",
@@ -90,9 +89,8 @@ def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout):
     total = 40
     for i in range(total):
         other.send({"id": i, "sleep": sleep})
-    proc = start_consumer(
-        rmq.prefix,
-        rmq.log,
+    proc = spawn(
+        rmq,
         "gamma",
         "--prefetch",
         "10",
@@ -110,7 +108,7 @@ def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout):
     time.sleep(0.5)
     back_in_queue = rmq.depth(rmq.queue("gamma"))
     # Drain what is left with a fresh consumer and count everything.
-    proc2 = start_consumer(rmq.prefix, rmq.log, "gamma", "--prefetch", "10", "--threads", "4")
+    proc2 = spawn(rmq, "gamma", "--prefetch", "10", "--threads", "4")
     procs.append(proc2)
     assert wait_for(lambda: len({e["id"] for e in events(rmq, "done")}) >= total, 120)
     stop(proc2)
@@ -142,7 +140,7 @@ def test_receiver_slower_than_two_heartbeats_keeps_its_connection(rmq, procs):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     other.send({"id": "slow", "sleep": 7})
     other.send({"id": "after"})
-    proc = start_consumer(rmq.prefix, rmq.log, "gamma", "--threads", "1", RMQ_HEARTBEAT="2")
+    proc = spawn(rmq, "gamma", "--threads", "1", RMQ_HEARTBEAT="2")
     procs.append(proc)
     assert wait_for(lambda: len(events(rmq, "done")) >= 2, 60)
     time.sleep(5)  # two more heartbeat intervals: a dead connection would redeliver by now
