@@ -184,6 +184,7 @@ class Run:
 
     def _cleanup_broker(self) -> None:
         import pika
+        import pika.exceptions
         from django.apps import apps
 
         if not apps.ready:
@@ -197,7 +198,15 @@ class Run:
 
         plan = topology.plan(default_registry.all(), Names(self.prefix))
         queues = [q.name for q in plan.queues] + sorted(self.extra_queues)
-        conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        deadline = time.monotonic() + 120  # the broker may be restarting (shared machine)
+        while True:
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+                break
+            except pika.exceptions.AMQPConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
         ch = conn.channel()
         for name in queues:
             try:

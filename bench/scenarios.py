@@ -434,11 +434,12 @@ def _dbtool(run: Run, db: str, *args: str, timeout: float = 1800) -> dict[str, A
         [sys.executable, "-m", "bench.dbtool", *args],
         cwd=ROOT,
         env=run.env(db),
-        check=True,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+    if out.returncode:
+        raise RuntimeError(f"dbtool {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
     return json.loads(line)
 
