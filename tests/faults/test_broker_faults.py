@@ -133,7 +133,7 @@ def test_broker_restart_mid_run(rmq, procs):
         parked=tally.parked_count,
         duplicates=tally.duplicates,
         lost=len(tally.lost),
-        notes=f"{waiting} in delay levels at stop, {refused} publishes refused while down "
+        notes=f"{len(expected)} (receiver, id) pairs, {waiting} in delay levels at stop, {refused} publishes refused while down "
         f"(caller told), consumer reconnects {out.count('reconnecting in')}",
     )
     assert alive, "the consumer exited instead of reconnecting:\n" + out[-3000:]

@@ -82,11 +82,12 @@ def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limi
     assert rmq.depth(rmq.queue("gamma")) == 0, out
 
 
-@pytest.mark.parametrize("sleep,timeout", [(1.0, 10), (8.0, 2)], ids=["finish", "overrun"])
-def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout):
+@pytest.mark.parametrize(
+    "sleep,timeout,total", [(1.0, 10, 40), (5.0, 1, 16)], ids=["finish", "overrun"]
+)
+def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout, total):
     """Scenario 5: in-flight receivers finish and are acked, the rest go back, exit on time."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
-    total = 40
     for i in range(total):
         other.send({"id": i, "sleep": sleep})
     proc = spawn(
