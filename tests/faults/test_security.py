@@ -6,10 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,30 +124,123 @@ def test_bodies_are_never_unpickled(rmq, tmp_path, procs):
     assert "Traceback" not in out, out
 
 
-def _tls_listener() -> bool:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _make_ca(d: Path, name: str) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.pem"),
+        "-subj", f"/CN={name}",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_broker() -> Iterator[tuple[int, Path]]:
+    """A private RabbitMQ node with a TLS listener and a freshly generated CA.
+
+    The machine's shared broker is left alone: this node has its own name, ports, data
+    directory and (empty) plugin list, and is stopped after the module.
+    """
+    if not shutil.which("rabbitmq-server") or not shutil.which("openssl"):
+        pytest.skip("rabbitmq-server and openssl are needed to start a private TLS node")
     try:
-        socket.create_connection(("127.0.0.1", 5671), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        owner = pwd.getpwnam("rabbitmq")
+    except KeyError:
+        pytest.skip("no 'rabbitmq' system user to run a private node")
+    if os.geteuid() != 0:
+        pytest.skip("starting a private RabbitMQ node needs root (the Debian wrapper su's)")
+    d = Path(tempfile.mkdtemp(prefix="rmq-tls-"))
+    _make_ca(d, "ca")
+    _make_ca(d, "other-ca")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+        "-keyout", str(d / "server.key"), "-out", str(d / "server.csr"),
+    )  # fmt: skip
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl(
+        "x509", "-req", "-days", "2", "-in", str(d / "server.csr"),
+        "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"), "-CAcreateserial",
+        "-out", str(d / "server.pem"), "-extfile", str(d / "ext.cnf"),
+    )  # fmt: skip
+    tcp, ssl_port, dist = _free_port(), _free_port(), _free_port()
+    (d / "rabbitmq.conf").write_text(
+        f"listeners.tcp.default = {tcp}\nlisteners.ssl.default = {ssl_port}\n"
+        f"ssl_options.cacertfile = {d}/ca.pem\nssl_options.certfile = {d}/server.pem\n"
+        f"ssl_options.keyfile = {d}/server.key\nssl_options.verify = verify_none\n"
+        "ssl_options.fail_if_no_peer_cert = false\n"
+    )
+    (d / "enabled_plugins").write_text("[].\n")
+    for path in [d, *d.iterdir()]:
+        os.chown(path, owner.pw_uid, owner.pw_gid)
+    node = f"faultstls{os.getpid()}@localhost"
+    env = {
+        **os.environ,
+        "RABBITMQ_NODENAME": node,
+        "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+        "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(d / "log"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+        "RABBITMQ_DIST_PORT": str(dist),
+        "RABBITMQ_PID_FILE": str(d / "node.pid"),
+    }
+    subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=120)
+    try:
+
+        def up() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", ssl_port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        if not wait_for(up, 90, 0.5):
+            pytest.fail(f"private TLS node did not start; logs in {d / 'log'}")
+        yield ssl_port, d
+    finally:
+        subprocess.run(["rabbitmqctl", "-n", node, "stop"], capture_output=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_amqps_against_a_local_certificate(rmq):
-    if not _tls_listener():
-        pytest.skip(
-            "the shared RabbitMQ has no TLS listener on 5671; adding one means changing "
-            "rabbitmq.conf and restarting the node every other session on this machine uses"
-        )
-    ca = os.environ.get("RMQ_TLS_CA_FILE")
-    if not ca or not Path(ca).exists():
-        pytest.skip("set RMQ_TLS_CA_FILE to the CA that signed the broker's certificate")
-    conf = {"BROKER_URL": "amqps://guest:guest@localhost:5671/%2F", "TLS_CA_FILE": ca}
+def test_amqps_against_a_local_certificate(rmq, tls_broker):
+    """Publish and consume over amqps:// verified against a CA generated for this run; a
+    broker certificate from another CA is refused (without printing the password)."""
     from django.conf import settings
 
-    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, **conf}):
-        from django_rmq_retry import broker
+    from django_rmq_retry import broker
+    from django_rmq_retry.errors import BrokerUnavailable
+    from django_rmq_retry.publishing import reset_publisher
 
-        conn = broker.connect()
-        assert conn.is_open
-        conn.close()
-    record("TLS amqps", published=0, handled=0, parked=0, duplicates=0, lost=0, notes="connected")
+    port, d = tls_broker
+    url = f"amqps://guest:guest@localhost:{port}/%2F"
+    good = {**settings.RMQ_RETRY, "BROKER_URL": url, "TLS_CA_FILE": str(d / "ca.pem")}
+    with override_settings(RMQ_RETRY=good):
+        reset_publisher()
+        try:
+            call_command("rmq_consume", setup_only=True, verbosity=0)
+            work.send({"id": "over-tls"})
+            call_command("rmq_consume", "alpha", max_messages=1, max_idle_time=20, verbosity=0)
+        finally:
+            reset_publisher()
+    done = [e["id"] for e in read_log(rmq.log) if e["event"] == "done"]
+    assert done == ["over-tls"]
+    bad = {**good, "TLS_CA_FILE": str(d / "other-ca.pem")}
+    with override_settings(RMQ_RETRY=bad), pytest.raises(BrokerUnavailable) as info:
+        broker.connect()
+    assert "guest:guest" not in str(info.value)
+    record(
+        "TLS amqps (private node, local CA)",
+        published=1,
+        handled=len(done),
+        parked=0,
+        duplicates=0,
+        lost=1 - len(done),
+        notes=f"wrong CA refused: {str(info.value)[-70:]}",
+    )
