@@ -63,7 +63,16 @@ def queue_messages(queue: str) -> int:
     raise AssertionError(f"queue {queue} not listed")
 
 
-def test_database_down_while_messages_must_be_parked(rmq, procs):
+def _declared(rmq, short: str) -> bool:
+    name = f"{rmq.prefix}.tests.faults.dbapp.consumers.{short}"
+    try:
+        rmq.depth(name)
+        return True
+    except Exception:
+        return False
+
+
+def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, procs):
     if connection.vendor != "postgresql":
         pytest.skip(
             "scenario 3 stops PostgreSQL; this run's test database is SQLite "
@@ -77,8 +86,26 @@ def test_database_down_while_messages_must_be_parked(rmq, procs):
     queue = rmq.queue("gamma")
     proc = spawn(rmq, "gamma", "--threads", "1")
     procs.append(proc)
-    other.send({"id": "warm-up"})  # the consumer is connected and working
+    # A second consumer runs a receiver that queries the database (tests.faults.dbapp).
+    from tests.faults.dbapp.consumers import needs_db
+
+    db_proc = spawn(
+        rmq,
+        "tests.faults.dbapp.consumers.uses_db",
+        "--threads",
+        "2",
+        DJANGO_SETTINGS_MODULE="tests.faults.settings",
+    )
+    procs.append(db_proc)
+    other.send({"id": "warm-up"})  # the consumers are connected and working
     assert wait_for(lambda: any(e["event"] == "done" for e in read_log(rmq.log)), 60)
+    assert wait_for(lambda: _declared(rmq, "uses_db"), 60)
+    needs_db.send({"id": "db-warm-up"})
+    assert wait_for(
+        lambda: any(e["id"] == "db-warm-up" and e["event"] == "done" for e in read_log(rmq.log)),
+        60,
+    )
+    n_db = 5
     n_park, n_retry, n_ok = 20, 20, 20
     connections.close_all()
     down_at = time.monotonic()
@@ -90,6 +117,8 @@ def test_database_down_while_messages_must_be_parked(rmq, procs):
             other.send({"id": f"retry-{i}", "fail": 1})
         for i in range(n_ok):
             other.send({"id": f"ok-{i}"})
+        for i in range(n_db):
+            needs_db.send({"id": f"db-{i}"})
         time.sleep(8)
         held = queue_messages(queue)
         alive_while_down = proc.poll() is None
@@ -113,19 +142,31 @@ def test_database_down_while_messages_must_be_parked(rmq, procs):
         ),
         90,
     )
+    assert wait_for(
+        lambda: (
+            {e["id"] for e in read_log(rmq.log) if e["event"] == "done"}
+            >= {f"db-{i}" for i in range(n_db)}
+        ),
+        90,
+    ), "".join(db_proc._fault_lines)[-3000:]
+    db_alive = db_proc.poll() is None
+    db_out = stop(db_proc)
     out = stop(proc)
-    done = {e["id"] for e in read_log(rmq.log) if e["event"] == "done"}
+    all_done = {e["id"] for e in read_log(rmq.log) if e["event"] == "done"}
+    db_done = {i for i in all_done if str(i).startswith("db-")}
+    done = all_done - db_done
     rows = list(ParkedMessage.objects.values_list("reason", "body"))
     unavailable = lines_while_down.count("database unavailable")
     record(
         "3 database down (PostgreSQL)",
-        published=n_park + n_retry + n_ok + 1,
-        handled=len(done),
+        published=n_park + n_retry + n_ok + 1 + n_db + 1,
+        handled=len(done) + len(db_done),
         parked=len(rows),
         duplicates=len(rows) - n_park,
-        lost=n_park + n_retry + n_ok + 1 - len(done) - len(rows),
+        lost=n_park + n_retry + n_ok + 1 + n_db + 1 - len(all_done) - len(rows),
         notes=f"down {downtime:.0f}s, {held} held unacked/ready while down, "
-        f"{unavailable} 'database unavailable' line(s)",
+        f"{unavailable} 'database unavailable' line(s), DB-using receiver retried "
+        f"{db_out.count('retry ')}x",
     )
     assert alive_while_down, lines_while_down[-3000:]
     # Nothing acked while down: every message that needed parking is still on the broker.
@@ -138,3 +179,9 @@ def test_database_down_while_messages_must_be_parked(rmq, procs):
         "warm-up"
     }
     assert "Traceback" not in out, out[-3000:]
+    # The receiver that needs the database failed into retries, not into a crash loop.
+    assert db_alive, db_out[-3000:]
+    assert db_done == {f"db-{i}" for i in range(n_db)} | {"db-warm-up"}
+    assert db_out.count("retry tests.faults.dbapp.consumers.uses_db") >= n_db, db_out[-3000:]
+    assert "0 reconnect(s)" in db_out, db_out[-3000:]
+    assert not ParkedMessage.objects.filter(receiver__endswith="uses_db").exists()

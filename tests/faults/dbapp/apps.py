@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DbAppConfig(AppConfig):
+    name = "tests.faults.dbapp"
+    label = "faults_dbapp"
