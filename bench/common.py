@@ -173,6 +173,41 @@ class Run:
         self._counter += 1
         return self.workdir / f"{self._counter:03d}-{stem}"
 
+    def wait_for_broker_and_reset(self, timeout: float = 180) -> bool:
+        """After a failure: wait until the broker answers, then purge this run's queues.
+
+        Returns False if the broker stays unreachable. (Any failed scenario is retried at
+        most twice; each attempt prints its traceback, so nothing is hidden.)
+        """
+        import pika
+
+        from django_rmq_retry import topology
+        from django_rmq_retry.names import Names
+        from django_rmq_retry.publishing import reset_publisher
+        from django_rmq_retry.topics import default_registry
+
+        reset_publisher()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(2)
+        plan = topology.plan(default_registry.all(), Names(self.prefix))
+        ch = conn.channel()
+        topology.declare(ch, plan)
+        for name in [q.name for q in plan.queues] + sorted(self.extra_queues):
+            try:
+                ch.queue_purge(name)
+            except Exception:
+                ch = conn.channel()
+        conn.close()
+        self.cache.clear()
+        return True
+
     # Cleanup -----------------------------------------------------------------------------
     def cleanup(self) -> None:
         """Delete this run's queues, exchanges, database and files (whatever got created)."""
@@ -234,7 +269,7 @@ class Run:
 class Timed:
     seconds: float  # first delivery → exit
     wall: float  # process start → exit
-    maxrss_mb: float  # peak RSS of the process itself (wait4)
+    maxrss_mb: float  # peak RSS of the process itself (VmHWM, sampled every 50 ms)
     returncode: int
     log: Path
     calls: int = 0  # receiver calls counted by the consumer(s), when they report it
@@ -243,18 +278,22 @@ class Timed:
 def run_timed(cmd: list[str], env: dict[str, str], mark: Path, log: Path, timeout: float) -> Timed:
     """Run ``cmd``; time it from the first line written to ``mark`` to its exit."""
     start = time.time()
+    hwm = 0.0
+    next_probe = 0.0
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 end = time.time()
                 break
+            if time.monotonic() >= next_probe:
+                hwm = max(hwm, vm_hwm_mb(proc.pid))
+                next_probe = time.monotonic() + 0.05
             if time.monotonic() > deadline:
                 proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                end = time.time()
+                os.wait4(proc.pid, 0)
                 proc.returncode = -9
                 raise RuntimeError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}; log {log}")
             time.sleep(0.002)
@@ -269,9 +308,19 @@ def run_timed(cmd: list[str], env: dict[str, str], mark: Path, log: Path, timeou
         raise RuntimeError(f"no delivery was marked by {' '.join(cmd)}; log {log}")
     if ends:  # first call → last call (see bench/benchapp/consumers.py)
         end = max(ends)
-    return Timed(
-        end - min(firsts), end - start, usage.ru_maxrss / 1024, proc.returncode, log, calls
-    )
+    return Timed(end - min(firsts), end - start, hwm, proc.returncode, log, calls)
+
+
+def vm_hwm_mb(pid: int | str = "self") -> float:
+    """Peak RSS of one process (``VmHWM``; reset by exec, unlike ``ru_maxrss``, which a
+    child inherits from the process that forked it)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 def manage_cmd(*args: str) -> list[str]:

@@ -13,7 +13,6 @@ requeue of every row, measured in a process that did nothing else.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 import uuid
@@ -27,7 +26,9 @@ def _setup() -> None:
 
 
 def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from bench.common import vm_hwm_mb
+
+    return vm_hwm_mb()
 
 
 def seed(n: int, tag: str) -> None:

@@ -12,6 +12,11 @@ Two changes, no guarantee weakened:
    ``basic_ack(tag, multiple=True)``. Deliveries not yet settled (running, or skipped during
    a shutdown so that they return to the queue) are never covered by a multiple ack; retries
    and releases keep their own path (publish-confirm-then-ack, nack).
+3. **Retry copies with pipelined confirms.** The copy is published on a confirm-mode channel
+   without waiting; the original is acked when the broker acks the copy (nacked back to its
+   queue if the copy is nacked or returned). The I/O thread no longer sits idle for one
+   confirm round trip per failure. The delivery stays in ``_inflight`` until its copy is
+   settled, so a warm shutdown still waits for it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from django_rmq_retry.consumer import Ack, Action, Consumer, Delivery, Release
+from django_rmq_retry import broker, signals
+from django_rmq_retry.consumer import Ack, Action, Consumer, Delivery, PublishRetry, Release
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -39,6 +45,48 @@ class BatchingConsumer(Consumer):
     def _connect_and_declare(self) -> None:
         self._unsettled = set()  # delivery tags start over on a new channel
         super()._connect_and_declare()
+        self._copies = AsyncConfirms(self._connection)
+
+    def _finish(self, delivery: Delivery, fut: Future[Action]) -> None:
+        try:
+            action = fut.result()
+        except BaseException:
+            action = None
+        if not isinstance(action, PublishRetry) or delivery.generation != self._generation:
+            super()._finish(delivery, fut)
+            return
+        generation = self._generation
+
+        def settled(ok: bool, why: str) -> None:
+            self._inflight.pop(delivery.tag, None)
+            self._unsettled.discard(delivery.tag)
+            if generation != self._generation:
+                return
+            if not ok:
+                self.stats.failed_publishes += 1
+                logger.error(
+                    "retry copy of %s was not accepted by the broker (%s); the original "
+                    "returns to its queue",
+                    delivery.properties.get("message_id"),
+                    why,
+                )
+                self._channel.basic_nack(delivery.tag, requeue=True)
+                return
+            self._channel.basic_ack(delivery.tag)
+            self.stats.retried += 1
+            logger.warning(action.log_line)
+            for _r, res in signals.message_retried.send_robust(**action.signal_kwargs):
+                if isinstance(res, Exception):
+                    logger.error("a message_retried signal receiver failed: %r", res)
+
+        self._last_activity = time.monotonic()
+        self._copies.publish(
+            action.exchange,
+            action.routing_key,
+            action.body,
+            broker.to_pika(action.properties),
+            settled,
+        )
 
     def _make_callback(self, queue_name: str, generation: int) -> Any:
         inner = super()._make_callback(queue_name, generation)
@@ -100,3 +148,52 @@ class BatchingConsumer(Consumer):
         for tag in above:
             self._channel.basic_ack(tag)
         self.stats.handled += len(acks)
+
+
+class AsyncConfirms:
+    """A confirm-mode channel whose publishes do not wait: each one gets a callback, called
+    (from a safe point of the connection's loop) with ``(ok, reason)`` once the broker acked,
+    nacked or returned it."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.impl = connection.channel()._impl
+        self.next_tag = 1
+        self.pending: dict[int, list[Any]] = {}  # tag -> [callback, returned, message_id]
+        ready: list[bool] = []
+        self.impl.add_on_return_callback(self._on_return)
+        self.impl.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _f: ready.append(True)
+        )
+        deadline = time.monotonic() + 30
+        while not ready and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.05)
+        if not ready:
+            raise RuntimeError("no confirm.select-ok")
+
+    def publish(self, exchange: str, key: str, body: bytes, props: Any, done: Any) -> None:
+        tag = self.next_tag
+        self.next_tag += 1
+        self.pending[tag] = [done, False, props.message_id]
+        self.impl.basic_publish(exchange, key, body, props, mandatory=True)
+
+    def _on_return(self, _ch: Any, _method: Any, props: Any, _body: bytes) -> None:
+        for entry in self.pending.values():
+            if entry[2] == props.message_id and not entry[1]:
+                entry[1] = True
+                return
+
+    def _on_confirm(self, frame: Any) -> None:
+        m = frame.method
+        if m.multiple:
+            tags = [t for t in self.pending if t <= m.delivery_tag]
+        else:
+            tags = [m.delivery_tag] if m.delivery_tag in self.pending else []
+        acked = m.NAME == "Basic.Ack"
+        for t in tags:
+            done, returned, _mid = self.pending.pop(t)
+            ok = acked and not returned
+            why = "" if ok else ("returned as unroutable" if returned else "nacked")
+            # Settle from a timer: acking on another channel inside this frame callback
+            # would re-enter the blocking connection's I/O loop.
+            self.connection.call_later(0, lambda d=done, o=ok, w=why: d(o, w))

@@ -45,11 +45,20 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.monotonic()
             print(f"· {name} ...", file=sys.stderr, flush=True)
-            try:
-                got = SCENARIOS[name](run)
-            except Exception:
+            got = None
+            for attempt in (1, 2, 3):
+                try:
+                    got = SCENARIOS[name](run)
+                    break
+                except Exception:
+                    traceback.print_exc()
+                    # Other work on a shared machine may cut the broker off for a while:
+                    # wait for it, empty this run's queues and run the scenario again.
+                    if attempt == 3 or not run.wait_for_broker_and_reset():
+                        break
+                    print(f"  retrying {name} (attempt {attempt + 1})", file=sys.stderr)
+            if got is None:
                 failed.append(name)
-                traceback.print_exc()
                 continue
             rows.extend(got)
             print(f"  {name} done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)

@@ -10,6 +10,9 @@ from testproject.settings import DATABASES, INSTALLED_APPS, RMQ_RETRY, env
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 
+# Production-like: DEBUG=True would wrap every query in CursorDebugWrapper and log it.
+DEBUG = env.bool("BENCH_DEBUG", default=False)
+
 RMQ_RETRY = {
     **RMQ_RETRY,
     "PREFIX": env("RMQ_PREFIX", default="rmq_bench"),
