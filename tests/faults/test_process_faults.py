@@ -83,7 +83,7 @@ def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limi
 
 
 @pytest.mark.parametrize(
-    "sleep,timeout,total", [(1.0, 10, 40), (5.0, 1, 16)], ids=["finish", "overrun"]
+    "sleep,timeout,total", [(1.0, 10, 40), (3.0, 1, 12)], ids=["finish", "overrun"]
 )
 def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout, total):
     """Scenario 5: in-flight receivers finish and are acked, the rest go back, exit on time."""
