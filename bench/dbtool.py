@@ -49,7 +49,7 @@ def seed(n: int, tag: str) -> None:
         batch.append(
             ParkedMessage(
                 park_key=f"{tag}-{i}",
-                receiver="bench.benchapp.consumers.bench_requeue",
+                receiver=f"bench.{tag}",  # filtered on: indexed (receiver, status)
                 queue=queue,
                 exchange=exchange,
                 routing_key="bench.requeue",
@@ -84,7 +84,7 @@ def requeue(tag: str) -> None:
     from django_rmq_retry.models import ParkedMessage
     from django_rmq_retry.publishing import get_publisher
 
-    qs = ParkedMessage.objects.filter(reason_detail=tag)
+    qs = ParkedMessage.objects.filter(receiver=f"bench.{tag}")
     get_publisher().close()  # nothing warmed up beyond what every requeue needs
     before = _rss_mb()
     t0 = time.perf_counter()
@@ -185,8 +185,8 @@ def rawrequeue(tag: str) -> None:
         while True:
             cur.execute(
                 f"SELECT id, body, properties, headers, queue, requeue_count FROM {table} "
-                "WHERE reason_detail = %s AND status = 'parked' AND id > %s ORDER BY id LIMIT 500",
-                [tag, last],
+                "WHERE receiver = %s AND status = 'parked' AND id > %s ORDER BY id LIMIT 500",
+                [f"bench.{tag}", last],
             )
             rows = cur.fetchall()
             if not rows:
