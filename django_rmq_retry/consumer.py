@@ -631,21 +631,19 @@ class Consumer:
     def _delivery_limit_check(self, d: Delivery) -> tuple[str | None, Park | None]:
         """Count receiver starts of a redelivered message; park it past ``DELIVERY_LIMIT``.
 
-        Quorum queues count for us (``x-delivery-count``); classic queues use a table row
-        that lives only while a redelivered message is being handled.
+        Every queue type counts *receiver starts* in a table row that lives only while a
+        redelivered message is being handled. A quorum queue's ``x-delivery-count`` is not
+        enough on its own: it also counts the deliveries that sat unstarted in the prefetch
+        window of a consumer that died, so a poison message would take its innocent
+        neighbours down with it. It only serves when the database cannot be written.
         """
         limit = int(app_settings.DELIVERY_LIMIT)
         headers = d.properties.get("headers") or {}
         # Only a quorum queue sets x-delivery-count; on a classic queue the header can only
         # come from the publisher, and a forged one must not park a healthy message.
         broker_count = headers.get("x-delivery-count") if self._broker_counts else None
-        if isinstance(broker_count, int) and not isinstance(broker_count, bool):
-            if broker_count >= limit:
-                return None, Park(
-                    ParkReason.DELIVERY_LIMIT,
-                    f"delivered {broker_count + 1} times without finishing (limit {limit})",
-                )
-            return None, None
+        if not isinstance(broker_count, int) or isinstance(broker_count, bool):
+            broker_count = None
         from django.db.models import F
 
         from .models import DeliveryStart
@@ -674,6 +672,11 @@ class Consumer:
                 DeliveryStart.objects.filter(pk=row.pk).update(starts=F("starts") + 1)
                 row.refresh_from_db()
         except DatabaseError as exc:
+            if broker_count is not None and broker_count >= limit:
+                return None, Park(
+                    ParkReason.DELIVERY_LIMIT,
+                    f"delivered {broker_count + 1} times without finishing (limit {limit})",
+                )
             logger.warning(
                 "cannot record delivery start (%s); running without the delivery limit", exc
             )
