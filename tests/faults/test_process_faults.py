@@ -7,11 +7,14 @@ import time
 from collections import Counter
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.test import override_settings
 
 from django_rmq_retry.models import DeliveryStart, ParkedMessage
+from django_rmq_retry.publishing import reset_publisher
 from tests.conftest import read_log, wait_for
-from tests.faults.conftest import record, spawn, stop
+from tests.faults.conftest import output, record, spawn, stop
 from tests.testapp.events import other
 
 pytestmark = [
@@ -26,8 +29,23 @@ def events(rmq, kind):
     return [e for e in read_log(rmq.log) if e["event"] == kind]
 
 
-def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limit(rmq, procs):
-    """Scenario 4: ``os._exit`` on every attempt; restarts are bounded by DELIVERY_LIMIT."""
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limit(
+    rmq, procs, queue_type
+):
+    """Scenario 4: ``os._exit`` on every attempt; restarts are bounded by DELIVERY_LIMIT.
+
+    Classic queues count with DeliveryStart rows, quorum queues with x-delivery-count.
+    """
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "QUEUE_TYPE": queue_type}):
+        reset_publisher()
+        try:
+            _poison(rmq, procs, queue_type)
+        finally:
+            reset_publisher()
+
+
+def _poison(rmq, procs, queue_type):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     limit = 5
     other.send({"id": "poison", "exit": 99})
@@ -42,6 +60,7 @@ def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limi
             "1",
             RMQ_TEST_ALLOW_EXIT="1",
             RMQ_DELIVERY_LIMIT=str(limit),
+            RMQ_QUEUE_TYPE=queue_type,
         )
         procs.append(proc)
         finished = wait_for(
@@ -53,18 +72,22 @@ def test_poison_message_that_exits_the_process_is_parked_after_the_delivery_limi
             ),
             timeout=60,
         )
-        assert finished
+        assert finished, output(proc)[-3000:]
         if proc.poll() is None:
             break
         assert proc.returncode == 42, stop(proc)
         deaths += 1
-    assert wait_for(lambda: len({e["id"] for e in events(rmq, "done")}) >= 20, 60)
+    assert wait_for(lambda: len({e["id"] for e in events(rmq, "done")}) >= 20, 60), (
+        deaths,
+        [(e["event"], e["id"], e["attempt"], e["redelivered"]) for e in read_log(rmq.log)][:60],
+        list(ParkedMessage.objects.values_list("reason", "reason_detail")),
+    )
     out = stop(proc)
     row = ParkedMessage.objects.get(reason="delivery_limit")
     poison_starts = sum(1 for e in events(rmq, "start") if e["id"] == "poison")
     done = Counter(e["id"] for e in events(rmq, "done"))
     record(
-        "4 poison os._exit",
+        f"4 poison os._exit ({queue_type})",
         published=21,
         handled=len(done),
         parked=ParkedMessage.objects.count(),
