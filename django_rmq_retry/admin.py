@@ -275,10 +275,10 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")  # type: ignore[union-attr]
+        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")
 
     def has_discard_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")  # type: ignore[union-attr]
+        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")
 
     # Querysets ------------------------------------------------------------------------------
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:

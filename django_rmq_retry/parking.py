@@ -378,7 +378,7 @@ def discard(
 def purge(
     older_than: timedelta,
     *,
-    statuses: Iterable[str] = (ParkedStatus.REQUEUED, ParkedStatus.DISCARDED),
+    statuses: Iterable[str] = (str(ParkedStatus.REQUEUED), str(ParkedStatus.DISCARDED)),
     batch_size: int | None = None,
     dry_run: bool = False,
     using: str = "default",

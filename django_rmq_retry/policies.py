@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError
 
@@ -24,7 +25,7 @@ def default_policy() -> Policy:
 
 
 class PolicyCache:
-    def __init__(self, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._rows: dict[str, Policy] = {}
         self._loaded_at: float | None = None

@@ -17,6 +17,7 @@ from typing import Any
 
 import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
+from pika.exchange_type import ExchangeType
 
 from .conf import app_settings
 from .delays import DelayLevels
@@ -128,7 +129,7 @@ def declare(channel: BlockingChannel, the_plan: Plan) -> None:
     try:
         for name, kind, args in the_plan.exchanges:
             current = f"exchange {name!r}"
-            channel.exchange_declare(name, kind, durable=True, arguments=args or None)
+            channel.exchange_declare(name, ExchangeType(kind), durable=True, arguments=args or None)
         for destination, source, key in the_plan.exchange_bindings:
             current = f"binding {source!r} → {destination!r}"
             channel.exchange_bind(destination, source, routing_key=key)

@@ -30,9 +30,9 @@ class Command(BaseCommand):
             age = parse_duration(options["older_than"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        statuses = [ParkedStatus.REQUEUED, ParkedStatus.DISCARDED]
+        statuses: list[str] = [str(ParkedStatus.REQUEUED), str(ParkedStatus.DISCARDED)]
         if options["include_parked"]:
-            statuses.append(ParkedStatus.PARKED)
+            statuses.append(str(ParkedStatus.PARKED))
         count = parking.purge(age, statuses=statuses, dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
         self.stdout.write(
