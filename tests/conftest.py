@@ -159,14 +159,54 @@ def subprocess_env(prefix: str, log: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_consumer(prefix: str, log: Path, *args: str, **env_extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+class Child:
+    """A ``manage.py rmq_consume`` child whose output goes to a file, never to a pipe.
+
+    A pipe nobody reads fills up at 64 KiB and blocks the child inside ``logging`` — which
+    looks exactly like the hang a test is trying to catch. ``communicate`` mirrors Popen's.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str], out_path: Path) -> None:
+        self.out_path = out_path
+        self._out = open(out_path, "w")  # noqa: SIM115 - closed in communicate()
+        self.popen = subprocess.Popen(
+            args, cwd=str(ROOT), env=env, stdout=self._out, stderr=subprocess.STDOUT, text=True
+        )
+        self.pid = self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.popen.terminate()
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        try:
+            self.popen.wait(timeout=timeout)
+        finally:
+            self._out.close()
+        return self.output(), None
+
+
+def start_consumer(prefix: str, log: Path, *args: str, **env_extra: str) -> Child:
+    out = log.with_name(f"consumer-{uuid.uuid4().hex[:8]}.out")
+    return Child(
         [sys.executable, str(ROOT / "manage.py"), "rmq_consume", *args],
-        cwd=str(ROOT),
-        env=subprocess_env(prefix, log, **env_extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        subprocess_env(prefix, log, **env_extra),
+        out,
     )
 
 
