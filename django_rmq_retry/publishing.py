@@ -79,6 +79,9 @@ def build_properties(
 class Publisher:
     """A lazily opened, confirm-mode channel guarded by a lock. One per process."""
 
+    #: The channel ``publish_many`` pipelines confirms on (opened on first use).
+    _pipeline: _ConfirmPipeline | None = None
+
     def __init__(self, url: str | None = None, *, declare: bool = True) -> None:
         self._url = url
         self._declare = declare
@@ -220,7 +223,7 @@ class Publisher:
 
     def _batch_channel(self) -> _ConfirmPipeline:
         self._ensure_channel()  # (re)connects; also notices a dead connection
-        pipe: _ConfirmPipeline | None = getattr(self, "_pipeline", None)
+        pipe = self._pipeline
         if pipe is None or not pipe.usable(self._connection):
             pipe = _ConfirmPipeline(self._connection)
             self._pipeline = pipe
