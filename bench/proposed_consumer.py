@@ -160,16 +160,11 @@ class AsyncConfirms:
         self.impl = connection.channel()._impl
         self.next_tag = 1
         self.pending: dict[int, list[Any]] = {}  # tag -> [callback, returned, message_id]
-        ready: list[bool] = []
         self.impl.add_on_return_callback(self._on_return)
-        self.impl.confirm_delivery(
-            ack_nack_callback=self._on_confirm, callback=lambda _f: ready.append(True)
-        )
-        deadline = time.monotonic() + 30
-        while not ready and time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
-        if not ready:
-            raise RuntimeError("no confirm.select-ok")
+        # No wait for confirm.select-ok: pumping the loop here would dispatch deliveries
+        # before this object exists. The broker handles the select before any later publish
+        # on the channel, so delivery tags still start at 1.
+        self.impl.confirm_delivery(ack_nack_callback=self._on_confirm)
 
     def publish(self, exchange: str, key: str, body: bytes, props: Any, done: Any) -> None:
         tag = self.next_tag
