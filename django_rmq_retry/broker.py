@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -151,3 +151,66 @@ def to_pika(properties: Mapping[str, Any]) -> pika.BasicProperties:
 
 def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
     return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}
+
+
+class AsyncConfirms:
+    """A confirm-mode channel whose publishes do not block the connection's thread.
+
+    ``publish`` returns at once; ``done(ok, reason)`` is called later, from a timer on the
+    connection's own loop (never inside the frame callback, which must not re-enter the
+    blocking connection), once the broker acked, nacked or returned the message. If the
+    channel closes, ``broken`` says why and pending callbacks never fire: the owner must
+    drop the connection, and the originals waiting on them are redelivered.
+    """
+
+    def __init__(self, connection: pika.BlockingConnection) -> None:
+        self.connection = connection
+        self.impl = connection.channel()._impl
+        self.next_tag = 1
+        self.pending: dict[int, list[Any]] = {}  # tag -> [done, returned, message_id]
+        self.broken: BaseException | None = None
+        self.impl.add_on_return_callback(self._on_return)
+        self.impl.add_on_close_callback(self._on_close)
+        # No wait for confirm.select-ok: the broker handles it before any later publish on
+        # this channel, so delivery tags still start at 1.
+        self.impl.confirm_delivery(ack_nack_callback=self._on_confirm)
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        done: Callable[[bool, str], None],
+    ) -> None:
+        if self.broken is not None:
+            raise pex.ChannelWrongStateError(f"confirm channel closed: {self.broken}")
+        tag = self.next_tag
+        self.next_tag += 1
+        self.pending[tag] = [done, False, (properties.message_id, exchange, routing_key, body)]
+        self.impl.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+
+    def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        # A return precedes the ack of the same message: mark the oldest unconfirmed one with
+        # the same id, route and body (ids alone are not unique).
+        key = (properties.message_id, method.exchange, method.routing_key, body)
+        for entry in self.pending.values():
+            if entry[2] == key and not entry[1]:
+                entry[1] = True
+                return
+
+    def _on_close(self, _channel: Any, reason: BaseException) -> None:
+        self.broken = reason
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        if method.multiple:
+            tags = [t for t in self.pending if t <= method.delivery_tag]
+        else:
+            tags = [method.delivery_tag] if method.delivery_tag in self.pending else []
+        acked = method.NAME == "Basic.Ack"
+        for tag in tags:
+            done, returned, _message_id = self.pending.pop(tag)
+            ok = acked and not returned
+            why = "" if ok else ("returned as unroutable" if returned else "nacked by the broker")
+            self.connection.call_later(0, lambda d=done, o=ok, w=why: d(o, w))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -147,7 +148,11 @@ class Consumer:
         self._generation = 0
         self._connection: Any = None
         self._channel: Any = None
-        self._publish_channel: Any = None
+        self._copies: broker.AsyncConfirms | None = None
+        self._unsettled: set[int] = set()
+        self._done: queue.SimpleQueue[tuple[Delivery, Future[Action]]] = queue.SimpleQueue()
+        self._wake_lock = threading.Lock()
+        self._wake_pending = False
         self._consumer_tags: list[str] = []
         self._inflight: dict[int, Future[Action]] = {}
         self._last_activity = time.monotonic()
@@ -203,22 +208,24 @@ class Consumer:
     # Connection lifecycle -------------------------------------------------------------------
     def _connect_and_declare(self) -> None:
         self._generation += 1
+        self._unsettled = set()  # delivery tags start over on a new channel
         self._connection = broker.connect(
             name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
         )
         channel = self._connection.channel()
         topology.declare(channel, topology.plan(self.receivers, self.names, self.levels))
         channel.basic_qos(prefetch_count=self.prefetch)
-        self._publish_channel = self._connection.channel()
-        self._publish_channel.confirm_delivery()
+        self._copies = broker.AsyncConfirms(self._connection)
         self._channel = channel
         self._consumer_tags = []
         queues = list(self._by_queue)
         if self.consume_orphans:
             queues.append(self.names.orphan_queue)
-        for queue in queues:
-            tag = channel.basic_consume(queue, self._make_callback(queue, self._generation))
-            self._consumer_tags.append(tag)
+        for queue_name in queues:
+            consumer_tag = channel.basic_consume(
+                queue_name, self._make_callback(queue_name, self._generation)
+            )
+            self._consumer_tags.append(consumer_tag)
         logger.info(
             "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
             len(queues),
@@ -234,7 +241,7 @@ class Consumer:
             fut.cancel()
         self._inflight.clear()
         conn, self._connection = self._connection, None
-        self._channel = self._publish_channel = None
+        self._channel = self._copies = None
         if conn is not None:
             try:
                 if conn.is_open:
@@ -256,11 +263,18 @@ class Consumer:
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
+    def _pump(self, seconds: float) -> None:
+        self._connection.process_data_events(time_limit=seconds)
+        if self._copies is not None and self._copies.broken is not None:
+            raise pex.ChannelWrongStateError(
+                f"the channel for retry copies closed: {broker.describe(self._copies.broken)}"
+            )
+
     # Main loop ------------------------------------------------------------------------------
     def _consume_until_stopped(self) -> None:
         self._last_activity = time.monotonic()
         while not self._stop.is_set():
-            self._connection.process_data_events(time_limit=0.05 if self._inflight else 0.25)
+            self._pump(0.05 if self._inflight else 0.25)
             if self.max_messages is not None and self.stats.done >= self.max_messages:
                 logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
                 break
@@ -275,9 +289,9 @@ class Consumer:
 
     def _warm_shutdown(self) -> None:
         """Stop consuming, let in-flight receivers finish and act on them, then return."""
-        for tag in self._consumer_tags:
+        for consumer_tag in self._consumer_tags:
             try:
-                self._channel.basic_cancel(tag)
+                self._channel.basic_cancel(consumer_tag)
             except broker.CONNECTION_ERRORS:
                 return
         # Deliveries whose receiver has not started go back to the queue untouched.
@@ -285,10 +299,10 @@ class Consumer:
             fut.cancel()
         deadline = time.monotonic() + self.shutdown_timeout
         while self._inflight and time.monotonic() < deadline:
-            self._connection.process_data_events(time_limit=0.05)
-            for tag, fut in list(self._inflight.items()):
+            self._pump(0.05)
+            for delivery_tag, fut in list(self._inflight.items()):
                 if fut.cancelled():
-                    self._inflight.pop(tag, None)
+                    self._inflight.pop(delivery_tag, None)
         if self._inflight:
             logger.warning(
                 "%d receiver(s) still running after %.0fs; their messages will be redelivered",
@@ -298,15 +312,25 @@ class Consumer:
         self._connection.close()
         self._connection = None
 
-    # Deliveries ----------------------------------------------------------------------------
-    def _make_callback(self, queue: str, generation: int) -> Callable[..., None]:
-        receiver = self._by_queue.get(queue)
+    # Deliveries (connection thread) ---------------------------------------------------------
+    def _make_callback(self, queue_name: str, generation: int) -> Callable[..., None]:
+        receiver = self._by_queue.get(queue_name)
 
         def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            tag = method.delivery_tag
+            self._unsettled.add(tag)  # never covered by a multiple ack until settled
+            self._last_activity = time.monotonic()
+            if self._stop.is_set():
+                return  # not acked: goes back to the queue when we close
+            if (
+                self.max_messages is not None
+                and self.stats.done + len(self._inflight) >= self.max_messages
+            ):
+                return  # a bounded run takes no more than it was asked to
             delivery = Delivery(
                 generation=generation,
-                tag=method.delivery_tag,
-                queue=queue,
+                tag=tag,
+                queue=queue_name,
                 receiver=receiver,
                 exchange=method.exchange,
                 routing_key=method.routing_key,
@@ -314,63 +338,98 @@ class Consumer:
                 properties=broker.from_pika(properties),
                 body=body,
             )
-            self._last_activity = time.monotonic()
-            if self._stop.is_set():
-                return  # not acked: goes back to the queue when we close
             fut = self._pool.submit(self._process, delivery)
-            self._inflight[delivery.tag] = fut
+            self._inflight[tag] = fut
             fut.add_done_callback(lambda f, d=delivery: self._hand_back(d, f))
 
         return on_message
 
     def _hand_back(self, delivery: Delivery, fut: Future[Action]) -> None:
-        """Worker thread → connection thread."""
+        """Worker thread → connection thread, waking the loop once per batch, not per message."""
         if fut.cancelled():
             return
         conn = self._connection
         if conn is None or delivery.generation != self._generation:
             return
+        self._done.put((delivery, fut))
+        with self._wake_lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
         try:
-            conn.add_callback_threadsafe(lambda: self._finish(delivery, fut))
+            conn.add_callback_threadsafe(self._drain)
         except Exception:  # connection already gone: the message will be redelivered
             logger.debug("could not hand back delivery %s", delivery.tag, exc_info=True)
 
-    def _finish(self, delivery: Delivery, fut: Future[Action]) -> None:
-        """Runs on the connection's thread."""
-        self._inflight.pop(delivery.tag, None)
-        self._last_activity = time.monotonic()
-        if delivery.generation != self._generation:
-            return
-        try:
-            action = fut.result()
-        except BaseException:  # a bug of ours must not stop the loop: give the message back
-            logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
-            action = Release()
-        if isinstance(action, Ack):
-            self._channel.basic_ack(delivery.tag)
-            if action.kind == "parked":
-                self.stats.parked += 1
-            else:
-                self.stats.handled += 1
-        elif isinstance(action, Release):
-            self._channel.basic_nack(delivery.tag, requeue=True)
-            self.stats.released += 1
-        else:
+    def _drain(self) -> None:
+        """Connection thread: settle every finished delivery.
+
+        Plain acks below the oldest unsettled delivery tag go out as one ``multiple=True``
+        ack; a tag still running, waiting for its retry copy's confirm, or skipped at
+        shutdown is never covered by it.
+        """
+        with self._wake_lock:
+            self._wake_pending = False
+        acks: list[int] = []
+        while True:
             try:
-                self._publish_channel.basic_publish(
-                    action.exchange,
-                    action.routing_key,
-                    action.body,
-                    broker.to_pika(action.properties),
-                    mandatory=True,
-                )
-            except (pex.NackError, pex.UnroutableError) as exc:
+                delivery, fut = self._done.get_nowait()
+            except queue.Empty:
+                break
+            if delivery.generation != self._generation:
+                continue
+            self._last_activity = time.monotonic()
+            try:
+                action = fut.result()
+            except BaseException:  # a bug of ours must not stop the loop: give it back
+                logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
+                action = Release()
+            if isinstance(action, Ack):
+                self._inflight.pop(delivery.tag, None)
+                self._unsettled.discard(delivery.tag)
+                acks.append(delivery.tag)
+                if action.kind == "parked":
+                    self.stats.parked += 1
+                else:
+                    self.stats.handled += 1
+            elif isinstance(action, Release):
+                self._inflight.pop(delivery.tag, None)
+                self._unsettled.discard(delivery.tag)
+                self._channel.basic_nack(delivery.tag, requeue=True)
+                self.stats.released += 1
+            else:
+                self._publish_retry(delivery, action)
+        if acks:
+            self._ack(acks)
+
+    def _ack(self, tags: list[int]) -> None:
+        oldest = min(self._unsettled) if self._unsettled else None
+        below = [t for t in tags if oldest is None or t < oldest]
+        if below:
+            self._channel.basic_ack(max(below), multiple=True)
+        for tag in tags:
+            if oldest is not None and tag > oldest:
+                self._channel.basic_ack(tag)
+
+    def _publish_retry(self, delivery: Delivery, action: PublishRetry) -> None:
+        """Publish the retry copy; ack the original only once the broker confirmed the copy.
+
+        The delivery stays in flight (a warm shutdown waits for it) until the confirm.
+        """
+        generation = self._generation
+
+        def settled(ok: bool, why: str) -> None:
+            self._inflight.pop(delivery.tag, None)
+            self._unsettled.discard(delivery.tag)
+            if generation != self._generation:
+                return  # the connection was replaced: the original is redelivered
+            if not ok:
                 self.stats.failed_publishes += 1
                 logger.error(
                     "retry copy of %s was not accepted by the broker (%s); the original "
                     "returns to its queue",
                     delivery.properties.get("message_id"),
-                    exc,
+                    why,
                 )
                 self._channel.basic_nack(delivery.tag, requeue=True)
                 return
@@ -380,6 +439,14 @@ class Consumer:
             for _r, res in signals.message_retried.send_robust(**action.signal_kwargs):
                 if isinstance(res, Exception):
                     logger.error("a message_retried signal receiver failed: %r", res)
+
+        self._copies.publish(
+            action.exchange,
+            action.routing_key,
+            action.body,
+            broker.to_pika(action.properties),
+            settled,
+        )
 
     # Worker side ---------------------------------------------------------------------------
     def _process(self, d: Delivery) -> Action:
