@@ -142,18 +142,6 @@ class _OutOfTime(Exception):
     """Raised from the progress callback to stop a requeue at a batch boundary."""
 
 
-class _CountingPublisher:
-    """Counts confirmed publishes, so an interrupted requeue can still say what it did."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.confirmed = 0
-
-    def publish_raw(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.publish_raw(*args, **kwargs)
-        self.confirmed += 1
-
-
 # --------------------------------------------------------------------------------------------
 # Parked messages
 
@@ -494,7 +482,6 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         self._log(request, queryset, f"Discarded {count} parked message(s).")
 
     def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
-        from .publishing import get_publisher
 
         user = request.user.get_username()
         budget = self.requeue_time_budget
@@ -508,20 +495,15 @@ class ParkedMessageAdmin(admin.ModelAdmin):
 
         stopped = False
         broker_error: str | None = None
-        counting: _CountingPublisher | None = None
         try:
-            counting = _CountingPublisher(get_publisher())
-            result = parking.requeue(
-                queryset, user=user, mode=mode, publisher=counting, progress=progress
-            )
+            result = parking.requeue(queryset, user=user, mode=mode, progress=progress)
         except _OutOfTime:
             result = state["result"]
             stopped = True
         except RmqRetryError as exc:
             # The broker went away: confirmed rows are marked, the rest were released.
             logger.exception("requeue from the admin stopped")
-            result = state["result"] or parking.RequeueResult()
-            result.requeued = counting.confirmed if counting else 0
+            result = getattr(exc, "result", None) or state["result"] or parking.RequeueResult()
             broker_error = str(exc)
 
         topic = mode == parking.MODE_TOPIC

@@ -269,12 +269,19 @@ def requeue(
                 _publish_claimed(token, user, mode, publisher, names, using, result)
             if progress:
                 progress(result)
+    except PublishError as exc:
+        exc.result = result  # type: ignore[attr-defined]  # what was done before it stopped
+        raise
     finally:
         # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us unpublished.
         ParkedMessage.objects.using(using).filter(
             claim_token=token, status=ParkedStatus.REQUEUING
         ).update(status=ParkedStatus.PARKED, claim_token="", claimed_at=None)
     return result
+
+
+#: A requeue batch is published in chunks of at most this many body bytes (bounded memory).
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def _publish_claimed(
@@ -286,37 +293,74 @@ def _publish_claimed(
     using: str,
     result: RequeueResult,
 ) -> None:
-    done: list[int] = []
+    """Publish the rows this run claimed, pipelined, and mark the confirmed ones requeued.
+
+    Rows the broker refused (nacked, unroutable) are released and counted as failed; if the
+    broker becomes unreachable the confirmed rows are marked, the rest released, and the
+    ``PublishError`` propagates so the caller stops (a rerun picks the released rows up).
+    """
     rows = ParkedMessage.objects.using(using).filter(
         claim_token=token, status=ParkedStatus.REQUEUING
     )
+    chunk: list[ParkedMessage] = []
+    size = 0
+    for row in rows.order_by("pk").iterator(chunk_size=200):
+        chunk.append(row)
+        size += row.body_size
+        if size >= CHUNK_BYTES or len(chunk) >= 1000:
+            _publish_chunk(chunk, token, user, mode, publisher, names, using, result)
+            chunk, size = [], 0
+    if chunk:
+        _publish_chunk(chunk, token, user, mode, publisher, names, using, result)
+
+
+def _publish_chunk(
+    rows: list[ParkedMessage],
+    token: str,
+    user: str,
+    mode: str,
+    publisher: Any,
+    names: Names,
+    using: str,
+    result: RequeueResult,
+) -> None:
+    messages = []
+    for row in rows:
+        exchange, routing_key, target = requeue_target(row, mode, names)
+        props = requeue_properties(
+            row_properties(row),
+            names=names,
+            exchange=row.exchange,
+            routing_key=row.routing_key,
+            target_queue=target,
+            parked_id=row.pk,
+            requeue_count=row.requeue_count + 1,
+        )
+        messages.append((exchange, routing_key, bytes(row.body), props))
+    lost: PublishError | None = None
     try:
-        for row in rows.order_by("pk").iterator(chunk_size=200):
-            exchange, routing_key, target = requeue_target(row, mode, names)
-            props = requeue_properties(
-                row_properties(row),
-                names=names,
-                exchange=row.exchange,
-                routing_key=row.routing_key,
-                target_queue=target,
-                parked_id=row.pk,
-                requeue_count=row.requeue_count + 1,
-            )
-            try:
-                publisher.publish_raw(exchange, routing_key, bytes(row.body), props)
-            except PublishError as exc:
-                result.failed += 1
-                result.add_error(f"#{row.pk}: {exc}")
-                ParkedMessage.objects.using(using).filter(pk=row.pk, claim_token=token).update(
-                    status=ParkedStatus.PARKED, claim_token="", claimed_at=None
-                )
-                if "publish failed" in str(exc) or "cannot reach" in str(exc):
-                    raise  # the broker is gone: stop, the finally block releases the rest
-                continue
-            done.append(row.pk)
-    finally:
-        if done:
-            _mark_requeued(done, token, user, mode, using, result)
+        statuses = publisher.publish_raw_many(messages)
+    except PublishError as exc:
+        lost = exc
+        statuses = getattr(exc, "statuses", None) or [False] * len(rows)
+    done = [row.pk for row, ok in zip(rows, statuses, strict=True) if ok]
+    refused = [row.pk for row, ok in zip(rows, statuses, strict=True) if not ok]
+    if done:
+        _mark_requeued(done, token, user, mode, using, result)
+    if refused:
+        ParkedMessage.objects.using(using).filter(pk__in=refused, claim_token=token).update(
+            status=ParkedStatus.PARKED, claim_token="", claimed_at=None
+        )
+    if lost is not None:
+        raise lost
+    for row, ok in zip(rows, statuses, strict=True):
+        if not ok:
+            result.failed += 1
+            if mode == MODE_TOPIC:
+                text = f"no queue is bound for routing key {row.routing_key!r} (or the broker nacked it)"
+            else:
+                text = f"the broker refused the message for queue {row.queue!r}"
+            result.add_error(f"#{row.pk}: {text}")
 
 
 def _mark_requeued(

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +221,32 @@ class Publisher:
             self._publish_batch(items)
         return [PublishResult(i.properties.message_id, i.exchange, i.routing_key) for i in items]
 
+    def publish_raw_many(
+        self, messages: Sequence[tuple[str, str, bytes, Mapping[str, Any]]]
+    ) -> list[bool]:
+        """Publish exact (exchange, routing key, body, properties) messages, pipelined.
+
+        Returns, per message, whether the broker confirmed it (acked and not returned); a
+        nacked or unroutable message is ``False``, not an exception. If the broker cannot be
+        reached (after one reconnect), raises ``PublishError`` whose ``statuses`` attribute
+        has the same per-message answer for what was confirmed before.
+        """
+        items = [
+            _BatchItem(ex, rk, body, broker.to_pika(props)) for ex, rk, body, props in messages
+        ]
+        if not items:
+            return []
+        with self._lock:
+            try:
+                self._publish_batch(items)
+            except PublishError as exc:
+                if any(i.nacked or i.returned for i in items) and all(i.state for i in items):
+                    pass  # every message was answered: the failures are per message
+                else:
+                    exc.statuses = [i.confirmed for i in items]  # type: ignore[attr-defined]
+                    raise
+        return [i.confirmed for i in items]
+
     def _batch_channel(self) -> _ConfirmPipeline:
         self._ensure_channel()  # (re)connects; also notices a dead connection
         pipe = self._pipeline
@@ -413,10 +439,18 @@ class _ConfirmPipeline:
         if len(self.outstanding) <= self.wake_at:
             self._wake()
 
-    def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
+    def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        # The oldest unconfirmed message with the same id, route and body: message ids alone
+        # are not unique (a requeue of rows copied from one message, a careless publisher).
         for t in self.by_message_id.get(properties.message_id, ()):
             item = self.outstanding.get(t)
-            if item is not None and not item.returned:
+            if (
+                item is not None
+                and not item.returned
+                and item.exchange == method.exchange
+                and item.routing_key == method.routing_key
+                and item.body == body
+            ):
                 item.returned = True
                 break
         else:

@@ -183,17 +183,20 @@ def test_two_concurrent_requeues_never_publish_a_row_twice(rmq):
 
 
 class FailingAfter:
-    """The real publisher, made to fail after `n` publishes (a broker that goes away)."""
+    """The real publisher, made to lose the broker after `n` messages (a broker that goes away)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.real = get_publisher()
 
-    def publish_raw(self, *args, **kwargs):
-        if self.n <= 0:
-            raise PublishError("publish failed: connection lost (injected)")
-        self.n -= 1
-        return self.real.publish_raw(*args, **kwargs)
+    def publish_raw_many(self, messages):
+        ok_part, self.n = messages[: self.n], max(0, self.n - len(messages))
+        statuses = self.real.publish_raw_many(ok_part) if ok_part else []
+        if len(ok_part) == len(messages):
+            return statuses
+        exc = PublishError("publish failed: connection lost (injected)")
+        exc.statuses = statuses + [False] * (len(messages) - len(ok_part))
+        raise exc
 
 
 @pytest.mark.broker
