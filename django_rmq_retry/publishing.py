@@ -26,6 +26,11 @@ from .names import Names
 
 logger = logging.getLogger("django_rmq_retry.publishing")
 
+#: Messages a batch keeps unconfirmed at once (bounds client memory, keeps the pipe full).
+_BATCH_WINDOW = 1000
+#: Seconds without any confirm after which a batch gives up (the messages count as failed).
+_BATCH_STALL_TIMEOUT = 30.0
+
 
 @dataclass(frozen=True)
 class PublishResult:
@@ -222,14 +227,18 @@ class Publisher:
         return [PublishResult(i.properties.message_id, i.exchange, i.routing_key) for i in items]
 
     def publish_raw_many(
-        self, messages: Sequence[tuple[str, str, bytes, Mapping[str, Any]]]
+        self,
+        messages: Sequence[tuple[str, str, bytes, Mapping[str, Any]]],
+        *,
+        window: int = _BATCH_WINDOW,
     ) -> list[bool]:
         """Publish exact (exchange, routing key, body, properties) messages, pipelined.
 
         Returns, per message, whether the broker confirmed it (acked and not returned); a
         nacked or unroutable message is ``False``, not an exception. If the broker cannot be
         reached (after one reconnect), raises ``PublishError`` whose ``statuses`` attribute
-        has the same per-message answer for what was confirmed before.
+        has the same per-message answer for what was confirmed before. ``window`` bounds the
+        messages unconfirmed at once, hence the duplicates a lost connection can cause.
         """
         items = [
             _BatchItem(ex, rk, body, broker.to_pika(props)) for ex, rk, body, props in messages
@@ -238,7 +247,7 @@ class Publisher:
             return []
         with self._lock:
             try:
-                self._publish_batch(items)
+                self._publish_batch(items, window)
             except PublishError as exc:
                 if any(i.nacked or i.returned for i in items) and all(i.state for i in items):
                     pass  # every message was answered: the failures are per message
@@ -255,13 +264,13 @@ class Publisher:
             self._pipeline = pipe
         return pipe
 
-    def _publish_batch(self, items: list[_BatchItem]) -> None:
+    def _publish_batch(self, items: list[_BatchItem], window: int = _BATCH_WINDOW) -> None:
         """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
         todo = list(range(len(items)))
         for attempt in (1, 2):
             try:
                 pipe = self._batch_channel()
-                outcome = pipe.run(items, todo)
+                outcome = pipe.run(items, todo, window)
             except BrokerUnavailable as exc:
                 raise PublishError(str(exc)) from exc
             except broker.CONNECTION_ERRORS as exc:
@@ -329,12 +338,6 @@ class Publisher:
         exc.confirmed = confirmed  # type: ignore[attr-defined]
         exc.failed = failed  # type: ignore[attr-defined]
         return exc
-
-
-#: Messages a batch keeps unconfirmed at once (bounds client memory, keeps the pipe full).
-_BATCH_WINDOW = 1000
-#: Seconds without any confirm after which a batch gives up (the messages count as failed).
-_BATCH_STALL_TIMEOUT = 30.0
 
 
 class _BatchItem:
@@ -484,11 +487,13 @@ class _ConfirmPipeline:
         self.wake_at = -1
         return True
 
-    def run(self, items: list[_BatchItem], todo: list[int]) -> _BatchOutcome:
+    def run(
+        self, items: list[_BatchItem], todo: list[int], window: int = _BATCH_WINDOW
+    ) -> _BatchOutcome:
         outcome = _BatchOutcome()
-        low = _BATCH_WINDOW // 2
+        low = window // 2
         for index in todo:
-            if len(self.outstanding) >= _BATCH_WINDOW and not self._wait_until(low):
+            if len(self.outstanding) >= window and not self._wait_until(low):
                 outcome.timed_out = True
                 return outcome
             if self.closed is not None:

@@ -51,6 +51,10 @@ TEMPLATES = [
 WSGI_APPLICATION = "testproject.wsgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'demo.sqlite3'}")}
+# Consumers handle many messages per second: keep database connections between messages
+# (close_old_connections() runs around each one, so a stale connection is still replaced).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=300)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Consumers and the admin write concurrently: wait for locks instead of failing at once.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20

@@ -181,6 +181,9 @@ class Child:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout=timeout)
+
     def send_signal(self, sig: int) -> None:
         self.popen.send_signal(sig)
 

@@ -189,9 +189,9 @@ class FailingAfter:
         self.n = n
         self.real = get_publisher()
 
-    def publish_raw_many(self, messages):
+    def publish_raw_many(self, messages, window=200):
         ok_part, self.n = messages[: self.n], max(0, self.n - len(messages))
-        statuses = self.real.publish_raw_many(ok_part) if ok_part else []
+        statuses = self.real.publish_raw_many(ok_part, window=window) if ok_part else []
         if len(ok_part) == len(messages):
             return statuses
         exc = PublishError("publish failed: connection lost (injected)")

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import read_log, start_consumer
+from tests.conftest import Child, read_log, start_consumer
 
 ROWS: list[dict[str, Any]] = []
 COLUMNS = ("scenario", "published", "handled OK", "parked", "duplicates", "lost", "notes")
@@ -140,67 +139,41 @@ class Tally:
 
 
 # Processes --------------------------------------------------------------------------------
-def spawn(rmq: Any, *args: str, **env: str) -> subprocess.Popen[str]:
-    """``start_consumer`` plus a thread that keeps reading the child's output.
-
-    Without it a chatty consumer fills the 64 KiB pipe and blocks in ``logging`` — a hang
-    of the test harness, not of the library.
-    """
-    proc = start_consumer(rmq.prefix, rmq.log, *args, **env)
-    lines: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    proc._fault_lines = lines  # type: ignore[attr-defined]
-    proc._fault_reader = reader  # type: ignore[attr-defined]
-    return proc
+def spawn(rmq: Any, *args: str, **env: str) -> Child:
+    """``start_consumer``: the child writes to a file, so a chatty one never blocks."""
+    return start_consumer(rmq.prefix, rmq.log, *args, **env)
 
 
-def output(proc: subprocess.Popen[str]) -> str:
-    lines = getattr(proc, "_fault_lines", None)
-    return "".join(lines) if lines is not None else ""
+def output(proc: Child) -> str:
+    return proc.output()
 
 
-def _reap(proc: subprocess.Popen[str], timeout: float) -> str:
-    reader = getattr(proc, "_fault_reader", None)
-    if reader is None:
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        return out or ""
+def _reap(proc: Child, timeout: float) -> str:
     try:
-        proc.wait(timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
-    reader.join(10)
-    return output(proc)
+        out, _ = proc.communicate()
+    return out
 
 
-def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> str:
+def kill(proc: Child, sig: int = signal.SIGKILL) -> str:
     """Signal one child we started (by its pid), reap it, return its output."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, sig)
     return _reap(proc, 60)
 
 
-def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+def stop(proc: Child, timeout: float = 60) -> str:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     return _reap(proc, timeout)
 
 
 @pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
+def procs() -> Iterator[list[Child]]:
     """Children started by a test; any still running at teardown are killed (by pid)."""
-    started: list[subprocess.Popen[str]] = []
+    started: list[Child] = []
     yield started
     for p in started:
         if p.poll() is None:

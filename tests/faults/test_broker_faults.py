@@ -261,7 +261,7 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
     # Rows: each requeued exactly once (claims + mark-after-confirm), none skipped.
     assert rows == {(ParkedStatus.REQUEUED, 1): n}, rows
     assert missing == 0
-    # Wire: the one publish whose confirm the dropped connection swallowed is sent again
+    # Wire: publishes whose confirms the dropped connection swallowed are sent again
     # (at-least-once; both copies carry the same parked-id and requeued headers). One drop,
-    # at most one duplicate.
-    assert dups <= 1, [k for k, c in ids.items() if c > 1][:10]
+    # at most one confirm window of duplicates.
+    assert dups <= parking.REQUEUE_WINDOW, [k for k, c in ids.items() if c > 1][:10]
