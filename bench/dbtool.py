@@ -16,7 +16,6 @@ import json
 import sys
 import time
 import uuid
-from typing import Any
 
 
 def _setup() -> None:
@@ -101,64 +100,6 @@ def requeue(tag: str) -> None:
             }
         )
     )
-
-
-def requeue_batched(tag: str) -> None:
-    """``parking.requeue`` with the proposed change: each claimed batch is published with
-    pipelined confirms (``Publisher._publish_batch``) instead of one confirm per row."""
-    from django_rmq_retry import parking
-
-    parking._publish_claimed = _publish_claimed_batched  # type: ignore[assignment]
-    requeue(tag)
-
-
-def _publish_claimed_batched(
-    token: str, user: str, mode: str, publisher: Any, names: Any, using: str, result: Any
-) -> None:
-    """Proposed replacement of ``parking._publish_claimed`` (same contract: a row is marked
-    requeued only once the broker confirmed its copy; the others are released)."""
-    from django_rmq_retry import broker
-    from django_rmq_retry.envelope import requeue_properties
-    from django_rmq_retry.errors import PublishError
-    from django_rmq_retry.models import ParkedMessage, ParkedStatus
-    from django_rmq_retry.parking import _mark_requeued, requeue_target, row_properties
-    from django_rmq_retry.publishing import _BatchItem
-
-    rows = ParkedMessage.objects.using(using).filter(
-        claim_token=token, status=ParkedStatus.REQUEUING
-    )
-    pks, items = [], []
-    for row in rows.order_by("pk").iterator(chunk_size=500):
-        exchange, routing_key, target = requeue_target(row, mode, names)
-        props = requeue_properties(
-            row_properties(row),
-            names=names,
-            exchange=row.exchange,
-            routing_key=row.routing_key,
-            target_queue=target,
-            parked_id=row.pk,
-            requeue_count=row.requeue_count + 1,
-        )
-        pks.append(row.pk)
-        items.append(_BatchItem(exchange, routing_key, bytes(row.body), broker.to_pika(props)))
-    error: PublishError | None = None
-    try:
-        with publisher._lock:
-            publisher._publish_batch(items)
-    except PublishError as exc:
-        error = exc
-    done = [pk for pk, item in zip(pks, items, strict=True) if item.confirmed]
-    failed = [pk for pk, item in zip(pks, items, strict=True) if not item.confirmed]
-    if failed:
-        result.failed += len(failed)
-        result.add_error(f"{len(failed)} row(s): {error}")
-        ParkedMessage.objects.using(using).filter(pk__in=failed, claim_token=token).update(
-            status=ParkedStatus.PARKED, claim_token="", claimed_at=None
-        )
-    if done:
-        _mark_requeued(done, token, user, mode, using, result)
-    if error is not None and ("publish failed" in str(error) or "cannot reach" in str(error)):
-        raise error
 
 
 def rawrequeue(tag: str) -> None:
@@ -252,8 +193,6 @@ def main(argv: list[str]) -> None:
         seed(int(args[0]), args[1])
     elif cmd == "requeue":
         requeue(args[0])
-    elif cmd == "requeue-batched":
-        requeue_batched(args[0])
     elif cmd == "rawrequeue":
         rawrequeue(args[0])
     elif cmd == "count":

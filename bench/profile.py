@@ -2,7 +2,7 @@
 """Profile our consumer on one benchmark workload with py-spy (all threads sampled).
 
     .venv/bin/pip install py-spy          # bench-only tool, not a dependency
-    .venv/bin/python bench/profile.py happy|retry|park [N] [--db postgres] [--command bench_consume]
+    .venv/bin/python bench/profile.py happy|retry|park [N] [--db postgres]
 
 Pre-publishes N messages, runs ``rmq_consume`` under ``py-spy record --format raw``, and
 prints the functions with the most samples: own time ("self") and inclusive ("total"),
@@ -52,7 +52,6 @@ def main() -> int:
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("n", nargs="?", type=int, default=20_000)
     parser.add_argument("--db", default="sqlite", choices=["sqlite", "postgres"])
-    parser.add_argument("--command", default="rmq_consume")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the consumer")
     args = parser.parse_args()
@@ -67,7 +66,7 @@ def main() -> int:
         wait_depth(queue_name(short), args.n)
         out = run.path("pyspy.txt")
         extra = dict(kv.split("=", 1) for kv in args.env)
-        cmd = manage_cmd(args.command, short, "--max-messages", str(args.n), "--prefetch", "20")
+        cmd = manage_cmd("rmq_consume", short, "--max-messages", str(args.n), "--prefetch", "20")
         subprocess.run(
             [spy, "record", "--format", "raw", "--rate", "250", "-o", str(out), "--", *cmd],
             cwd=ROOT,

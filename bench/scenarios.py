@@ -45,16 +45,15 @@ def ours_consume(
     processes: int = 1,
     db: str = "sqlite",
     timeout: float = 300,
-    command: str = "rmq_consume",
     extra_args: tuple[str, ...] = (),
     **env: str,
 ) -> Timed:
     mark = run.path("mark")
     mark.touch()
-    args = [command, short, "--prefetch", str(PREFETCH), "--no-orphans", *extra_args]
+    args = ["rmq_consume", short, "--prefetch", str(PREFETCH), "--no-orphans", *extra_args]
     if processes > 1:
-        # --max-messages is per process and overshoots by up to a prefetch (see the
-        # report): stop on idleness instead; the time is first call -> last call.
+        # --max-messages counts per process, so no split of n is exact: stop on
+        # idleness instead; the time is first call -> last call.
         args += ["--processes", str(processes), "--max-idle-time", "2"]
     else:
         args += ["--max-messages", str(n)]
@@ -85,9 +84,7 @@ def ensure_empty(*queues: str) -> None:
             raise RuntimeError(f"{q} still holds {left} message(s): the run did not finish")
 
 
-def happy_pair(
-    run: Run, n: int, processes: int = 1, command: str = "rmq_consume"
-) -> tuple[Timed, Timed]:
+def happy_pair(run: Run, n: int, processes: int = 1) -> tuple[Timed, Timed]:
     """Pre-publish n messages to our queue and n to the raw twin's; consume both.
 
     Repeated (2× with --quick, 3× otherwise, the order alternating) and the median taken:
@@ -104,9 +101,7 @@ def happy_pair(
         wait_depth(ours_q, n)
         wait_depth(raw_q, n)
         steps = [
-            lambda: ours_runs.append(
-                ours_consume(run, "bench_noop", n, processes=processes, command=command)
-            ),
+            lambda: ours_runs.append(ours_consume(run, "bench_noop", n, processes=processes)),
             lambda: raw_runs.append(raw_consume(run, "consume", raw_q, n, processes=processes)),
         ]
         for step in steps if rep % 2 == 0 else reversed(steps):
@@ -135,7 +130,6 @@ def happy(run: Run) -> list[Row]:
         run.cache[("happy", n)] = happy_pair(run, n)
     one_ours, one_raw = run.cache[("happy", n)]
     two_ours, two_raw = happy_pair(run, n, processes=2)
-    prop_ours, prop_raw = happy_pair(run, n, command="bench_consume")
     r1o, r1r = n / one_ours.seconds, n / one_raw.seconds
     r2o, r2r = n / two_ours.seconds, n / two_raw.seconds
     return [
@@ -155,15 +149,6 @@ def happy(run: Run) -> list[Row]:
             "×",
             "ours ≥ 1.7×",
             r2o / r1o >= 1.7,
-        ),
-        Row(
-            "happy path, 1 process, PROPOSED consumer",
-            n / prop_ours.seconds,
-            n / prop_raw.seconds,
-            "msg/s",
-            "≥ 0.90× raw",
-            prop_raw.seconds / prop_ours.seconds >= 0.9,
-            note="bench/proposed_consumer.py, not shipped",
         ),
     ]
 
@@ -342,33 +327,29 @@ def retry(run: Run) -> list[Row]:
     delay_queues = [
         q.name for q in topology.plan(default_registry.all()).queues if ".delay." in q.name
     ]
-    rows = []
-    for command, label in (("rmq_consume", ""), ("bench_consume", ", PROPOSED consumer")):
-        publish_bodies("bench.retry", n)
-        publish_bodies("bench.rawretry", n)
-        wait_depth(ours_q, n)
-        wait_depth(raw_q, n)
-        ours = ours_consume(run, "bench_retry", n, command=command)
-        raw = raw_consume(run, "retry", raw_q, n, extra=raw_delay)
-        ensure_empty(ours_q, raw_q)
-        held = sum(depth(q) for q in delay_queues)
-        if held != n or depth(raw_delay) != n:
-            raise RuntimeError(f"retry copies: ours {held}, raw {depth(raw_delay)}, expected {n}")
-        for q in [*delay_queues, raw_delay]:
-            purge(q)
-        ro, rr = n / ours.seconds, n / raw.seconds
-        rows.append(
-            Row(
-                f"retry path, failures handled/s ({n:,}){label}",
-                ro,
-                rr,
-                "msg/s",
-                "≥ 0.80× raw",
-                ro / rr >= 0.8,
-                note="bench/proposed_consumer.py, not shipped" if label else "",
-            )
+    publish_bodies("bench.retry", n)
+    publish_bodies("bench.rawretry", n)
+    wait_depth(ours_q, n)
+    wait_depth(raw_q, n)
+    ours = ours_consume(run, "bench_retry", n)
+    raw = raw_consume(run, "retry", raw_q, n, extra=raw_delay)
+    ensure_empty(ours_q, raw_q)
+    held = sum(depth(q) for q in delay_queues)
+    if held != n or depth(raw_delay) != n:
+        raise RuntimeError(f"retry copies: ours {held}, raw {depth(raw_delay)}, expected {n}")
+    for q in [*delay_queues, raw_delay]:
+        purge(q)
+    ro, rr = n / ours.seconds, n / raw.seconds
+    return [
+        Row(
+            f"retry path, failures handled/s ({n:,})",
+            ro,
+            rr,
+            "msg/s",
+            "≥ 0.80× raw",
+            ro / rr >= 0.8,
         )
-    return rows
+    ]
 
 
 # 4. Delay accuracy -----------------------------------------------------------------------
@@ -503,7 +484,7 @@ def requeue(run: Run) -> list[Row]:
         ("postgres", "PostgreSQL", mem_n),
     ):
         results = {}
-        for kind in ("requeue", "rawrequeue", "requeue-batched"):
+        for kind in ("requeue", "rawrequeue"):
             tag = f"{kind}-{uuid.uuid4().hex[:8]}"
             _dbtool(run, db, "seed", str(n), tag)
             purge(target_q)
@@ -517,25 +498,12 @@ def requeue(run: Run) -> list[Row]:
         ro, rr = n / ours["seconds"], n / raw["seconds"]
         rows.append(
             Row(
-                f"requeue, {label} ({n:,} rows, confirms)",
+                f"requeue, {label} ({n:,} rows, pipelined confirms)",
                 ro,
                 rr,
                 "rows/s",
                 "≥ 5,000/s",
                 ro >= 5000,
-            )
-        )
-        batched = results["requeue-batched"]
-        rb = n / batched["seconds"]
-        rows.append(
-            Row(
-                f"requeue, {label}, PROPOSED batched confirms",
-                rb,
-                rr,
-                "rows/s",
-                "≥ 5,000/s",
-                rb >= 5000,
-                note="bench/dbtool.py patch, not shipped",
             )
         )
         if db == "postgres":
