@@ -6,6 +6,7 @@ pika 2.0 drops ``BlockingConnection``; keeping every pika call behind this modul
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -51,7 +52,7 @@ def _guard_header_decoding() -> None:
     import pika.data
     import pika.spec
 
-    if getattr(pika.spec.data, "_rmq_retry_guard", False):
+    if getattr(pika.spec.data, "_rmq_retry_guard", False):  # type: ignore[attr-defined]
         return
     original = pika.data.decode_table
 
@@ -165,7 +166,7 @@ class AsyncConfirms:
 
     def __init__(self, connection: pika.BlockingConnection) -> None:
         self.connection = connection
-        self.impl = connection.channel()._impl
+        self.impl = connection.channel()._impl  # type: ignore[attr-defined]  # pika has no public async handle
         self.next_tag = 1
         self.pending: dict[int, list[Any]] = {}  # tag -> [done, returned, message_id]
         self.broken: BaseException | None = None
@@ -213,4 +214,4 @@ class AsyncConfirms:
             done, returned, _message_id = self.pending.pop(tag)
             ok = acked and not returned
             why = "" if ok else ("returned as unroutable" if returned else "nacked by the broker")
-            self.connection.call_later(0, lambda d=done, o=ok, w=why: d(o, w))
+            self.connection.call_later(0, functools.partial(done, ok, why))

@@ -10,6 +10,7 @@ confirmed its copy.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -340,7 +341,7 @@ class Consumer:
             )
             fut = self._pool.submit(self._process, delivery)
             self._inflight[tag] = fut
-            fut.add_done_callback(lambda f, d=delivery: self._hand_back(d, f))
+            fut.add_done_callback(functools.partial(self._hand_back, delivery))
 
         return on_message
 
@@ -440,6 +441,7 @@ class Consumer:
                 if isinstance(res, Exception):
                     logger.error("a message_retried signal receiver failed: %r", res)
 
+        assert self._copies is not None  # set with the connection, on this thread
         self._copies.publish(
             action.exchange,
             action.routing_key,
