@@ -7,9 +7,10 @@ Run as processes by the benchmarks (no Django here), e.g.::
     python bench/raw.py park QUEUE N PREFETCH MARKFILE DATABASE_URL
     python bench/raw.py multi 2 consume QUEUE N PREFETCH MARKFILE   # 2 processes, N/2 each
 
-Every mode decodes the JSON body and acks each message on its own (``multiple=False``), as
-the library does; ``retry`` first republishes a copy with a confirm (``BlockingChannel``
-waits for it), ``park`` first inserts and commits a row. The first delivery writes
+Every mode decodes the JSON body and acks each message on its own (``multiple=False``; the
+library's consumer batches plain acks, the twin stays the simple hand-written loop);
+``retry`` first republishes a copy with a confirm (``BlockingChannel`` waits for it),
+``park`` first inserts and commits a row. The first delivery writes
 ``<epoch seconds> <pid>`` to MARKFILE.
 """
 
