@@ -122,7 +122,7 @@ def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, pro
         time.sleep(8)
         held = queue_messages(queue)
         alive_while_down = proc.poll() is None
-        lines_while_down = "".join(proc._fault_lines)
+        lines_while_down = proc.output()
     finally:
         pg_cluster("start")
     assert wait_for(pg_up, 60, 0.5), "PostgreSQL did not come back"
@@ -135,7 +135,7 @@ def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, pro
             connections.close_all()
             return -1
 
-    assert wait_for(lambda: parked() >= n_park, 90, 0.5), "".join(proc._fault_lines)[-3000:]
+    assert wait_for(lambda: parked() >= n_park, 90, 0.5), proc.output()[-3000:]
     assert wait_for(
         lambda: (
             len({e["id"] for e in read_log(rmq.log) if e["event"] == "done"}) >= n_retry + n_ok + 1
@@ -148,7 +148,7 @@ def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, pro
             >= {f"db-{i}" for i in range(n_db)}
         ),
         90,
-    ), "".join(db_proc._fault_lines)[-3000:]
+    ), db_proc.output()[-3000:]
     db_alive = db_proc.poll() is None
     db_out = stop(db_proc)
     out = stop(proc)
