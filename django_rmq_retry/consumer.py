@@ -210,6 +210,8 @@ class Consumer:
     def _connect_and_declare(self) -> None:
         self._generation += 1
         self._unsettled = set()  # delivery tags start over on a new channel
+        with self._wake_lock:
+            self._wake_pending = False  # a wake-up scheduled on the old connection is gone
         self._connection = broker.connect(
             name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
         )
@@ -266,6 +268,10 @@ class Consumer:
 
     def _pump(self, seconds: float) -> None:
         self._connection.process_data_events(time_limit=seconds)
+        if not self._done.empty():
+            # Safety net: a wake-up handed to a connection that died before running it
+            # must never leave finished deliveries unsettled (and the prefetch window full).
+            self._drain()
         if self._copies is not None and self._copies.broken is not None:
             raise pex.ChannelWrongStateError(
                 f"the channel for retry copies closed: {broker.describe(self._copies.broken)}"
