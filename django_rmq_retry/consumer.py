@@ -14,7 +14,6 @@ import functools
 import hashlib
 import logging
 import os
-import queue
 import random
 import threading
 import time
@@ -151,7 +150,7 @@ class Consumer:
         self._channel: Any = None
         self._copies: broker.AsyncConfirms | None = None
         self._unsettled: set[int] = set()
-        self._done: queue.SimpleQueue[tuple[Delivery, Future[Action]]] = queue.SimpleQueue()
+        self._done: SimpleQueue[tuple[Delivery, Future[Action]]] = SimpleQueue()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         self._consumer_tags: list[str] = []
@@ -381,7 +380,7 @@ class Consumer:
         while True:
             try:
                 delivery, fut = self._done.get_nowait()
-            except queue.Empty:
+            except Empty:
                 break
             if delivery.generation != self._generation:
                 continue

@@ -13,6 +13,7 @@ its own. Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import uuid
@@ -130,14 +131,10 @@ def park(
         # The common case, a message parked for the first time: one INSERT (one round trip
         # in autocommit). A duplicate key means this delivery was parked before (a
         # redelivery after a lost ack): fall through to the careful path.
+        # Inside a caller's transaction a savepoint keeps it usable after an IntegrityError.
+        in_atomic = transaction.get_connection(using).in_atomic_block
         try:
-            conn = transaction.get_connection(using)
-            if conn.in_atomic_block:
-                with transaction.atomic(using=using):
-                    row = ParkedMessage.objects.using(using).create(
-                        park_key=key, history=[event], **fields
-                    )
-            else:
+            with transaction.atomic(using=using) if in_atomic else contextlib.nullcontext():
                 row = ParkedMessage.objects.using(using).create(
                     park_key=key, history=[event], **fields
                 )

@@ -181,8 +181,6 @@ class Command(BaseCommand):
         )
 
     def _list(self, receivers: list[Receiver]) -> None:
-        from django_rmq_retry.policies import default_policy
-
         names = topology.current_names()
         levels = topology.current_levels()
         out = self.stdout
@@ -193,7 +191,7 @@ class Command(BaseCommand):
         if not receivers:
             out.write("No receivers registered.")
         for rec in receivers:
-            policy = policy_cache.for_receiver(rec) if rec.policy is None else rec.policy
+            policy = policy_cache.for_receiver(rec)  # database row > code > settings
             out.write(self.style.MIGRATE_HEADING(rec.name))
             out.write(f"  queue:    {rec.queue_name(names.prefix)}")
             out.write(
@@ -218,7 +216,6 @@ class Command(BaseCommand):
             f"  {names.deliver_exchange} (headers on {names.target_header}) → receiver queue; "
             f"unroutable → {names.orphan_exchange} → {names.orphan_queue} (parked)"
         )
-        _ = default_policy
 
     def _install_signal_handlers(self, consumer: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
