@@ -3,9 +3,9 @@
 One pika ``BlockingConnection`` owned by the main thread; receivers run in worker threads
 so a slow receiver never starves heartbeats. A worker turns a delivery into an *action*
 (ack, publish-a-retry-then-ack, release) and hands it back to the connection's thread with
-``add_callback_threadsafe``. Parking happens in the worker (it is database I/O) and the ack
-is only requested after the row is committed; a retry is only acked after the broker
-confirmed its copy.
+``add_callback_threadsafe``. A worker only describes a row to park; the parking thread
+(``park_writer``) commits rows in batches and the ack is only requested after the commit; a
+retry is only acked after the broker confirmed its copy.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from .fingerprint import fingerprint, frames_of, library_roots
 from .message import Message
 from .names import Names
 from .outcome import Park, ParkReason, RetryLater, decide
-from .parking import ParkRequest, park
+from .park_writer import ParkJob, ParkWriter
+from .parking import ParkRequest
 from .policies import policy_cache
 from .topics import Receiver
 
@@ -77,7 +78,16 @@ class PublishRetry:
     signal_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-Action = Ack | Release | PublishRetry
+@dataclass(frozen=True)
+class StorePark:
+    """Hand the row to the parking thread; ack once it is committed."""
+
+    request: ParkRequest
+    start_key: str | None
+    log_line: str
+
+
+Action = Ack | Release | PublishRetry | StorePark
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,12 @@ class Consumer:
         self._inflight: dict[int, Future[Action]] = {}
         self._last_activity = time.monotonic()
         self._pool = _DaemonPool(self.threads, "rmq-receiver")
+        self._parker = ParkWriter(
+            self.names,
+            on_done=self._park_done,
+            is_current=lambda d: d.generation == self._generation,
+            stop=self._stop,
+        )
         self._roots = library_roots()
         self._rng = random.Random()
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
@@ -253,6 +269,7 @@ class Consumer:
 
     def _close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._parker.close()
         if self._connection is not None:
             try:
                 if self._connection.is_open:
@@ -403,10 +420,21 @@ class Consumer:
                 self._unsettled.discard(delivery.tag)
                 self._channel.basic_nack(delivery.tag, requeue=True)
                 self.stats.released += 1
+            elif isinstance(action, StorePark):
+                # Stays in flight and unsettled until the parking thread reports the commit.
+                self._parker.submit(
+                    ParkJob(delivery, action.request, action.start_key, action.log_line)
+                )
             else:
                 self._publish_retry(delivery, action)
         if acks:
             self._ack(acks)
+
+    def _park_done(self, delivery: Delivery, stored: bool) -> None:
+        """Parking thread: the row is committed (ack) or could not be (give it back)."""
+        fut: Future[Action] = Future()
+        fut.set_result(Ack("parked") if stored else Release())
+        self._hand_back(delivery, fut)
 
     def _ack(self, tags: list[int]) -> None:
         oldest = min(self._unsettled) if self._unsettled else None
@@ -632,19 +660,11 @@ class Consumer:
             or now,
             last_failure_at=now,
         )
-        action = self._store_parked(req, d)
-        if isinstance(action, Ack):
-            self._forget_start(start_key)
-            action = Ack("parked")
-            logger.warning(
-                "parked %s message %s after %d attempt(s): %s (%s)",
-                rec.name,
-                d.properties.get("message_id"),
-                attempt,
-                decision.reason.value,
-                error_message[:200],
-            )
-        return action
+        log_line = (
+            f"parked {rec.name} message {d.properties.get('message_id')} after {attempt} "
+            f"attempt(s): {decision.reason.value} ({error_message[:200]})"
+        )
+        return StorePark(req, start_key, log_line)
 
     def _park_orphan(self, d: Delivery) -> Action:
         headers = d.properties.get("headers") or {}
@@ -671,35 +691,6 @@ class Consumer:
             d.body,
         )
         return self._park(d2, fake, attempt, exchange, routing_key, decision, None)
-
-    def _store_parked(self, req: ParkRequest, d: Delivery) -> Action:
-        """Commit the row, retrying while the database is down; never ack before the commit."""
-        delay = 0.5
-        logged = False
-        while True:
-            try:
-                park(req, names=self.names)
-                if logged:
-                    logger.warning(
-                        "database is back; parked message %s", req.properties.get("message_id")
-                    )
-                return Ack("parked")
-            except DatabaseError as exc:
-                if not logged:
-                    logger.error(
-                        "database unavailable, cannot park message %s of %s (%s); "
-                        "holding it unacked and retrying",
-                        req.properties.get("message_id"),
-                        req.receiver,
-                        " ".join(str(exc).split())[:200],
-                    )
-                    logged = True
-                close_old_connections()
-                for conn in connections.all():
-                    conn.close_if_unusable_or_obsolete()
-            if self._stop.wait(delay) or d.generation != self._generation:
-                return Release()
-            delay = min(delay * 2, 10.0)
 
     # Delivery limit (a receiver that kills the process) ------------------------------------
     def _delivery_limit_check(self, d: Delivery) -> tuple[str | None, Park | None]:

@@ -17,12 +17,12 @@ import contextlib
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
@@ -85,15 +85,18 @@ def _properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:
     return json_safe_headers(props)
 
 
-def park(
-    req: ParkRequest, *, names: Names | None = None, using: str = "default"
-) -> tuple[ParkedMessage, bool]:
-    """Write (or re-open) the row for this delivery and commit. Returns (row, created).
+@dataclass(frozen=True)
+class _Prepared:
+    """A request turned into the row's columns (shared by ``park`` and ``park_many``)."""
 
-    Raises ``DatabaseError`` if the database is unavailable: the caller must then not ack.
-    """
-    names = names or Names(app_settings.PREFIX)
-    key = park_key(req, names)
+    key: str
+    fields: dict[str, Any]
+    event: dict[str, Any]
+    parked_id: str | None
+    now: datetime
+
+
+def _prepare(req: ParkRequest, names: Names) -> _Prepared:
     headers = req.properties.get("headers") or {}
     now = timezone.now()
     event = {
@@ -127,6 +130,19 @@ def park(
         "parked_at": now,
     }
     parked_id = read_str_header(headers, names.header("parked-id"))
+    return _Prepared(park_key(req, names), fields, event, parked_id, now)
+
+
+def park(
+    req: ParkRequest, *, names: Names | None = None, using: str = "default"
+) -> tuple[ParkedMessage, bool]:
+    """Write (or re-open) the row for this delivery and commit. Returns (row, created).
+
+    Raises ``DatabaseError`` if the database is unavailable: the caller must then not ack.
+    """
+    names = names or Names(app_settings.PREFIX)
+    p = _prepare(req, names)
+    key, fields, event, parked_id, now = p.key, p.fields, p.event, p.parked_id, p.now
     if not parked_id:
         # The common case, a message parked for the first time: one INSERT (one round trip
         # in autocommit). A duplicate key means this delivery was parked before (a
@@ -177,6 +193,44 @@ def park(
         created = True
     _after_park(row, req, created)
     return row, created
+
+
+def park_many(
+    reqs: Sequence[ParkRequest], *, names: Names | None = None, using: str = "default"
+) -> list[tuple[ParkedMessage, bool]]:
+    """Park a batch with one multi-row INSERT and one commit; results in ``reqs`` order.
+
+    A commit waits for the database's disk, so a consumer that parks a flood of failures one
+    commit at a time is bound by fsync, not by work (group commit, as databases do it for
+    their own log). The common case, messages parked for the first time, goes in one
+    statement; a batch holding a requeued message's return, or one that meets an existing
+    key (a redelivery after a lost ack, an identical message), is written row by row
+    through :func:`park`, which sorts each case out. Every row is committed when this
+    returns; ``DatabaseError`` means none of the batch may be acked.
+    """
+    names = names or Names(app_settings.PREFIX)
+    if len(reqs) <= 1:
+        return [park(req, names=names, using=using) for req in reqs]
+    prepared = [_prepare(req, names) for req in reqs]
+    keys = {p.key for p in prepared}
+    if any(p.parked_id for p in prepared) or len(keys) != len(prepared):
+        return [park(req, names=names, using=using) for req in reqs]
+    try:
+        with transaction.atomic(using=using):
+            objs = [ParkedMessage(park_key=p.key, history=[p.event], **p.fields) for p in prepared]
+            manager = ParkedMessage.objects.using(using)
+            if connections[using].features.can_return_rows_from_bulk_insert:
+                rows = manager.bulk_create(objs)
+            else:  # the rows need their ids (signals, requeue headers): still one commit
+                rows = [
+                    manager.create(park_key=o.park_key, history=o.history, **p.fields)
+                    for o, p in zip(objs, prepared, strict=True)
+                ]
+            for row, req in zip(rows, reqs, strict=True):
+                _after_park(row, req, True)
+    except IntegrityError:
+        return [park(req, names=names, using=using) for req in reqs]
+    return [(row, True) for row in rows]
 
 
 def _after_park(row: ParkedMessage, req: ParkRequest, created: bool) -> None:

@@ -1,0 +1,173 @@
+"""The consumer's parking thread: commits parked rows in batches, then lets them be acked.
+
+Why a thread of its own: a commit waits for the database's disk. When a receiver fails for
+every message (a bad deploy, a downstream outage past its last attempt), a worker that
+parks one row per commit spends most of its time waiting on fsync. Here workers only
+*describe* the row; this thread takes whatever accumulated while its last commit ran and
+writes it with one INSERT and one commit (:func:`parking.park_many`), so the batch grows
+with the load and the commit cost is shared. Nothing is acked before its row is committed:
+the consumer acks a delivery only when ``on_done(token, True)`` reports it.
+
+While the database is down the thread holds every row unacked, says so once, and retries
+with backoff; workers keep running receivers meanwhile. A delivery whose broker connection
+was replaced (it will be redelivered) is dropped from the batch, not written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections
+
+from .models import DeliveryStart
+from .names import Names
+from .parking import ParkRequest, park, park_many
+
+logger = logging.getLogger("django_rmq_retry.consumer")
+
+#: Rows written per commit at most (bounds one statement's size and one rollback's cost).
+MAX_BATCH = 200
+
+
+@dataclass(frozen=True)
+class ParkJob:
+    """One delivery to park: ``token`` identifies it to the consumer's callbacks."""
+
+    token: Any
+    request: ParkRequest
+    start_key: str | None  # the delivery-limit row to delete once parked
+    log_line: str  # logged (WARNING) once the row is committed
+
+
+class ParkWriter:
+    """A daemon thread writing :class:`ParkJob` batches; see the module docstring."""
+
+    def __init__(
+        self,
+        names: Names,
+        *,
+        on_done: Callable[[Any, bool], None],
+        is_current: Callable[[Any], bool],
+        stop: threading.Event,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._names = names
+        self._on_done = on_done
+        self._is_current = is_current
+        self._stop = stop
+        self._max_batch = max_batch
+        self._queue: SimpleQueue[ParkJob | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="rmq-park-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: ParkJob) -> None:
+        self._queue.put(job)
+
+    def close(self) -> None:
+        """Let the thread finish the batch it holds and exit (it is a daemon: never joined)."""
+        self._queue.put(None)
+
+    # Thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            job = self._queue.get()
+            if job is None:
+                return
+            batch = [job]
+            while len(batch) < self._max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except Empty:
+                    break
+                if more is None:
+                    closing = True
+                    break
+                batch.append(more)
+            try:
+                self._write(batch)
+            except BaseException:  # a bug of ours: give the deliveries back, keep the thread
+                logger.exception("internal error parking %d message(s); releasing them", len(batch))
+                for job in batch:
+                    self._on_done(job.token, False)
+            finally:
+                close_old_connections()
+
+    def _write(self, batch: list[ParkJob]) -> None:
+        delay = 0.5
+        logged = False
+        while True:
+            batch = [job for job in batch if self._is_current(job.token)]
+            if not batch:
+                return
+            try:
+                stored = self._park(batch)
+            except DatabaseError as exc:
+                if not logged:
+                    logger.error(
+                        "database unavailable, cannot park %d message(s) (first: %s of %s) "
+                        "(%s); holding them unacked and retrying",
+                        len(batch),
+                        batch[0].request.properties.get("message_id"),
+                        batch[0].request.receiver,
+                        " ".join(str(exc).split())[:200],
+                    )
+                    logged = True
+                for conn in connections.all():
+                    conn.close_if_unusable_or_obsolete()
+                # A commit whose answer was lost may have stored them: write them again as
+                # redeliveries, so a stored row is found, not counted twice.
+                batch = [replace(j, request=replace(j.request, redelivered=True)) for j in batch]
+            else:
+                if logged:
+                    logger.warning("database is back; parked %d held message(s)", len(batch))
+                for job, ok in zip(batch, stored, strict=True):
+                    if ok:
+                        logger.warning(job.log_line)
+                    self._on_done(job.token, ok)
+                return
+            if self._stop.wait(delay):
+                for job in batch:
+                    self._on_done(job.token, False)  # shutting down: back to the queue
+                return
+            delay = min(delay * 2, 10.0)
+
+    def _park(self, batch: Sequence[ParkJob]) -> list[bool]:
+        """Commit the batch; per job, whether its row is stored. Raises ``DatabaseError``."""
+        try:
+            park_many([job.request for job in batch], names=self._names)
+            stored = [True] * len(batch)
+        except DatabaseError:
+            raise
+        except Exception:
+            # Something in one request that the batch statement cannot take: row by row, so
+            # one bad request (released, with a log line) does not hold up the others.
+            stored = []
+            for job in batch:
+                try:
+                    park(job.request, names=self._names)
+                except DatabaseError:
+                    raise
+                except Exception:
+                    logger.exception(
+                        "cannot park message %s of %s; releasing it",
+                        job.request.properties.get("message_id"),
+                        job.request.receiver,
+                    )
+                    stored.append(False)
+                else:
+                    stored.append(True)
+        keys = [
+            job.start_key for job, ok in zip(batch, stored, strict=True) if ok and job.start_key
+        ]
+        if keys:
+            try:
+                DeliveryStart.objects.filter(key__in=keys).delete()
+            except DatabaseError:
+                logger.debug("could not clear %d delivery start(s)", len(keys), exc_info=True)
+        return stored
