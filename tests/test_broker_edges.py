@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.test import override_settings
 
-from django_rmq_retry import PublishError, Topic, UnroutableError
+from django_rmq_retry import PublishError, Topic, UnroutableError, publishing
 from django_rmq_retry.publishing import get_publisher
 from tests.conftest import read_log, start_consumer, wait_for
 from tests.testapp.events import other
@@ -70,7 +70,13 @@ def test_send_reuses_one_connection_and_is_safe_in_threads(rmq):
     assert rmq.depth(rmq.queue("gamma")) == 200
 
 
-def test_publisher_recovers_after_its_connection_is_closed_by_the_broker(rmq):
+@pytest.mark.parametrize("idle_check_after", [0.0, 3600.0], ids=["polled", "not-polled"])
+def test_publisher_recovers_after_its_connection_is_closed_by_the_broker(
+    rmq, monkeypatch, idle_check_after
+):
+    # "polled": the idle check notices the dead connection before the publish; "not-polled"
+    # (a busy publisher skips the check): the publish itself fails, reconnects, publishes.
+    monkeypatch.setattr(publishing, "_IDLE_CHECK_AFTER", idle_check_after)
     call_command("rmq_consume", setup_only=True, verbosity=0)
     other.send({"id": 1})
     name = f"django-rmq-retry publisher {rmq.prefix} pid {os.getpid()}"
