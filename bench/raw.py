@@ -6,6 +6,7 @@ Run as processes by the benchmarks (no Django here), e.g.::
     python bench/raw.py retry QUEUE N PREFETCH MARKFILE DELAY_QUEUE
     python bench/raw.py park QUEUE N PREFETCH MARKFILE DATABASE_URL
     python bench/raw.py multi 2 consume QUEUE N PREFETCH MARKFILE   # 2 processes, N/2 each
+    python bench/raw.py cpu QUEUE N PREFETCH MARKFILE   # consume, with bench/cpuwork.burn()
 
 Every mode decodes the JSON body and acks each message on its own (``multiple=False``; the
 library's consumer batches plain acks, the twin stays the simple hand-written loop);
@@ -23,6 +24,9 @@ import time
 from typing import Any
 
 import pika
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.cpuwork import burn
 
 URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
@@ -76,7 +80,9 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
             with open(mark, "a") as fh:
                 fh.write(f"{time.time()} {os.getpid()}\n")
         data = json.loads(body)
-        if mode == "retry":
+        if mode == "cpu":
+            burn()
+        elif mode == "retry":
             headers = dict(props.headers or {})
             headers.update({"raw-attempt": 2, "raw-error": "first attempt fails"})
             copy = pika.BasicProperties(
@@ -109,7 +115,7 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
     ch.basic_consume(queue, on_message)
     ch.start_consuming()
     conn.close()
-    if mode == "consume":
+    if mode in ("consume", "cpu"):
         with open(mark, "a") as fh:
             fh.write(f"end {last} {os.getpid()} {count}\n")
     if db is not None:

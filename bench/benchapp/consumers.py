@@ -13,9 +13,11 @@ import json
 import os
 import time
 
+from bench.cpuwork import burn
 from django_rmq_retry import Reject, Retry, Topic, receiver
 
 noop_topic = Topic("bench.noop")
+cpu_topic = Topic("bench.cpu")
 pub_topic = Topic("bench.pub")
 retry_topic = Topic("bench.retry")
 delay_topic = Topic("bench.delay")
@@ -45,13 +47,25 @@ def _mark_end(path: str) -> None:
             fh.write(f"end {_last} {os.getpid()} {_calls}\n")
 
 
+def _count_call() -> None:
+    global _calls, _last
+    _calls += 1
+    _last = time.time()
+
+
 @receiver(noop_topic)
 def bench_noop(message, **kwargs):
     """Does nothing; remembers when it was last called (written at exit as ``end ...``)."""
-    global _calls, _last
     mark_first()
-    _calls += 1
-    _last = time.time()
+    _count_call()
+
+
+@receiver(cpu_topic)
+def bench_cpu(message, **kwargs):
+    """About 0.5 ms of pure-Python CPU per message (the process-scaling benchmark)."""
+    mark_first()
+    burn()
+    _count_call()
 
 
 @receiver(pub_topic)
