@@ -11,7 +11,6 @@ retry is only acked after the broker confirmed its copy.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import random
@@ -36,6 +35,7 @@ from .envelope import (
     Failure,
     Undecodable,
     decode_body,
+    delivery_digest,
     error_summary,
     error_type_name,
     original_route,
@@ -713,17 +713,13 @@ class Consumer:
 
         from .models import DeliveryStart
 
-        key = hashlib.sha256(
-            "\x1f".join(
-                [
-                    d.queue,
-                    str(d.properties.get("message_id") or ""),
-                    hashlib.sha256(d.body).hexdigest(),
-                    str(headers.get(self.names.header("attempt"))),
-                    str(headers.get(self.names.header("requeued"))),
-                ]
-            ).encode()
-        ).hexdigest()
+        key = delivery_digest(
+            d.queue,
+            d.properties.get("message_id"),
+            d.body,
+            str(headers.get(self.names.header("attempt"))),
+            str(headers.get(self.names.header("requeued"))),
+        )
         try:
             row, created = DeliveryStart.objects.get_or_create(
                 key=key,

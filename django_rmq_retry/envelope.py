@@ -11,6 +11,7 @@ names, so this module never imports pika. It answers three questions:
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -343,3 +344,14 @@ def _from_json(value: Any) -> Any:
     if isinstance(value, list):
         return [_from_json(v) for v in value]
     return value
+
+
+def delivery_digest(queue: str, message_id: Any, body: bytes, *extra: str) -> str:
+    """A stable identity for one message in one queue: sha256 of queue, id, body and ``extra``.
+
+    The same delivery redelivered gets the same digest, so it finds what an earlier delivery
+    stored (the park key, the delivery-limit row). Changing how it is built re-keys rows
+    already stored: a redelivery would then park twice.
+    """
+    parts = [queue, str(message_id or ""), hashlib.sha256(body).hexdigest(), *extra]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()

@@ -7,15 +7,20 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from .backoff import Policy, policy_errors
+from .outcome import ParkReason
 
-
-class ParkReason(models.TextChoices):
-    EXHAUSTED = "exhausted", _("Retries exhausted")
-    REJECTED = "rejected", _("Rejected by receiver")
-    NON_RETRYABLE = "non_retryable", _("Non-retryable error")
-    UNDECODABLE = "undecodable", _("Undecodable body")
-    DELIVERY_LIMIT = "delivery_limit", _("Delivery limit (consumer kept dying)")
-    ORPHANED = "orphaned", _("Receiver queue missing")
+#: What operators read for each of the core's park reasons. The values live in
+#: ``outcome.ParkReason`` only (the core stays free of Django); a reason added there
+#: without a label here fails at import time, not in front of an operator.
+PARK_REASON_LABELS = {
+    ParkReason.EXHAUSTED: _("Retries exhausted"),
+    ParkReason.REJECTED: _("Rejected by receiver"),
+    ParkReason.NON_RETRYABLE: _("Non-retryable error"),
+    ParkReason.UNDECODABLE: _("Undecodable body"),
+    ParkReason.DELIVERY_LIMIT: _("Delivery limit (consumer kept dying)"),
+    ParkReason.ORPHANED: _("Receiver queue missing"),
+}
+PARK_REASON_CHOICES = [(reason.value, PARK_REASON_LABELS[reason]) for reason in ParkReason]
 
 
 class ParkedStatus(models.TextChoices):
@@ -48,7 +53,7 @@ class ParkedMessage(models.Model):
     properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
     headers = models.JSONField(_("headers"), default=dict, blank=True)
 
-    reason = models.CharField(_("reason"), max_length=20, choices=ParkReason.choices)
+    reason = models.CharField(_("reason"), max_length=20, choices=PARK_REASON_CHOICES)
     reason_detail = models.TextField(_("reason detail"), blank=True)
     error_type = models.CharField(_("error type"), max_length=255, blank=True)
     error_message = models.TextField(_("error message"), blank=True)

@@ -14,7 +14,6 @@ its own. Guarantees:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import queue
 import threading
@@ -31,6 +30,7 @@ from django.utils import timezone
 from . import signals
 from .conf import app_settings
 from .envelope import (
+    delivery_digest,
     headers_from_json,
     json_safe_headers,
     read_int_header,
@@ -71,15 +71,15 @@ class ParkRequest:
 
 def park_key(req: ParkRequest, names: Names) -> str:
     headers = req.properties.get("headers") or {}
-    parts = [
+    requeued = read_int_header(headers, names.header("requeued")) or 0
+    return delivery_digest(
         req.queue,
-        str(req.properties.get("message_id") or ""),
-        hashlib.sha256(req.body).hexdigest(),
+        req.properties.get("message_id"),
+        req.body,
         str(req.attempts),
-        str(read_int_header(headers, names.header("requeued")) or 0),
+        str(requeued),
         req.reason,
-    ]
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+    )
 
 
 def _properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:

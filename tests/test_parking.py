@@ -43,6 +43,20 @@ def _request(**overrides) -> parking.ParkRequest:
     return parking.ParkRequest(**values)
 
 
+def test_park_keys_of_rows_already_stored_do_not_change():
+    # A changed key would make a redelivery of an already parked message park it twice.
+    req = _request(
+        queue="p.q",
+        body=b'{"id": 1}',
+        properties={"message_id": "m1", "headers": {"p-requeued": 2}},
+        attempts=3,
+        reason="exhausted",
+    )
+    assert parking.park_key(req, Names("p")) == (
+        "0d7de9587eb068b8a49131592936ce2842924d8f3ee02b99e76e1a6a80451c89"
+    )
+
+
 def test_parking_the_same_delivery_twice_yields_one_row():
     row, created = parking.park(_request(), names=Names("p"))
     again, created_again = parking.park(_request(redelivered=True), names=Names("p"))

@@ -12,7 +12,7 @@ from django_rmq_retry import Policy, Topic, receiver
 from django_rmq_retry.broker import mask_url
 from django_rmq_retry.checks import check_settings
 from django_rmq_retry.conf import DEFAULTS, app_settings
-from django_rmq_retry.models import ParkReason as ModelParkReason
+from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.outcome import ParkReason
 from django_rmq_retry.publishing import build_properties, encode_body
 from django_rmq_retry.topics import Registry, default_registry
@@ -239,5 +239,7 @@ def test_properties_always_have_id_timestamp_and_persistence():
         build_properties("x", None, {"colour": "red"})
 
 
-def test_park_reasons_match_between_core_and_model():
-    assert {r.value for r in ParkReason} == set(ModelParkReason.values)
+def test_every_park_reason_has_an_operator_label():
+    choices = dict(ParkedMessage._meta.get_field("reason").choices)
+    assert set(choices) == {r.value for r in ParkReason}
+    assert all(str(label) and str(label) != value for value, label in choices.items())
