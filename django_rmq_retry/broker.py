@@ -6,7 +6,6 @@ pika 2.0 drops ``BlockingConnection``; keeping every pika call behind this modul
 
 from __future__ import annotations
 
-import functools
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -154,27 +153,42 @@ def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
     return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}
 
 
-class AsyncConfirms:
-    """A confirm-mode channel whose publishes do not block the connection's thread.
+class ConfirmChannel:
+    """A confirm-mode channel whose publishes do not wait for their confirm.
 
-    ``publish`` returns at once; ``done(ok, reason)`` is called later, from a timer on the
-    connection's own loop (never inside the frame callback, which must not re-enter the
-    blocking connection), once the broker acked, nacked or returned the message. If the
-    channel closes, ``broken`` says why and pending callbacks never fire: the owner must
-    drop the connection, and the originals waiting on them are redelivered.
+    ``BlockingChannel.basic_publish`` waits for each confirm before returning. Here the
+    underlying pika ``Channel`` is put in confirm mode with our own callbacks: ``publish``
+    returns at once and ``on_settled(acked, returned)`` runs inside the connection's I/O loop
+    once the broker answered (ack, nack, or a return followed by its ack). Both the
+    consumer's retry copies and the publisher's pipelined batches use it.
+
+    The broker sends ``basic.return`` for an unroutable mandatory message before its
+    ``basic.ack``, so a return marks the oldest unconfirmed message with the same id,
+    route and body (message ids alone are not unique: a requeue of rows copied from one
+    message, a careless publisher). If the channel closes, ``broken`` says why and
+    pending callbacks never fire: the owner drops the connection, and what waited on
+    them is redelivered or published again.
     """
 
     def __init__(self, connection: pika.BlockingConnection) -> None:
         self.connection = connection
         self.impl = connection.channel()._impl  # type: ignore[attr-defined]  # pika has no public async handle
         self.next_tag = 1
-        self.pending: dict[int, list[Any]] = {}  # tag -> [done, returned, message_id]
+        self.pending: dict[int, _Pending] = {}  # insertion order == tag order
+        self._by_message: dict[Any, list[int]] = {}
         self.broken: BaseException | None = None
+        self.on_broken: Callable[[], None] | None = None
+        self.ready = False
         self.impl.add_on_return_callback(self._on_return)
         self.impl.add_on_close_callback(self._on_close)
-        # No wait for confirm.select-ok: the broker handles it before any later publish on
-        # this channel, so delivery tags still start at 1.
-        self.impl.confirm_delivery(ack_nack_callback=self._on_confirm)
+        # No need to wait for confirm.select-ok before publishing: the broker handles it
+        # before any later publish on this channel, so delivery tags still start at 1.
+        self.impl.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self._set_ready()
+        )
+
+    def _set_ready(self) -> None:
+        self.ready = True
 
     def publish(
         self,
@@ -182,36 +196,77 @@ class AsyncConfirms:
         routing_key: str,
         body: bytes,
         properties: pika.BasicProperties,
-        done: Callable[[bool, str], None],
+        on_settled: Callable[[bool, bool], None],
     ) -> None:
         if self.broken is not None:
             raise pex.ChannelWrongStateError(f"confirm channel closed: {self.broken}")
         tag = self.next_tag
         self.next_tag += 1
-        self.pending[tag] = [done, False, (properties.message_id, exchange, routing_key, body)]
+        self.pending[tag] = _Pending(on_settled, properties.message_id, exchange, routing_key, body)
+        self._by_message.setdefault(properties.message_id, []).append(tag)
         self.impl.basic_publish(exchange, routing_key, body, properties, mandatory=True)
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        # A return precedes the ack of the same message: mark the oldest unconfirmed one with
-        # the same id, route and body (ids alone are not unique).
-        key = (properties.message_id, method.exchange, method.routing_key, body)
-        for entry in self.pending.values():
-            if entry[2] == key and not entry[1]:
-                entry[1] = True
+        for tag in self._by_message.get(properties.message_id, ()):
+            entry = self.pending.get(tag)
+            if (
+                entry is not None
+                and not entry.returned
+                and entry.exchange == method.exchange
+                and entry.routing_key == method.routing_key
+                and entry.body == body
+            ):
+                entry.returned = True
                 return
+        logger.error("a returned message (id %r) matches no pending publish", properties.message_id)
 
     def _on_close(self, _channel: Any, reason: BaseException) -> None:
         self.broken = reason
+        if self.on_broken is not None:
+            self.on_broken()
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         if method.multiple:
-            tags = [t for t in self.pending if t <= method.delivery_tag]
+            tags = []
+            for tag in self.pending:
+                if tag > method.delivery_tag:
+                    break
+                tags.append(tag)
         else:
             tags = [method.delivery_tag] if method.delivery_tag in self.pending else []
         acked = method.NAME == "Basic.Ack"
         for tag in tags:
-            done, returned, _message_id = self.pending.pop(tag)
-            ok = acked and not returned
-            why = "" if ok else ("returned as unroutable" if returned else "nacked by the broker")
-            self.connection.call_later(0, functools.partial(done, ok, why))
+            entry = self.pending.pop(tag)
+            same = self._by_message.get(entry.message_id)
+            if same is not None:
+                same.remove(tag)
+                if not same:
+                    del self._by_message[entry.message_id]
+            entry.on_settled(acked, entry.returned)
+
+
+class _Pending:
+    __slots__ = ("body", "exchange", "message_id", "on_settled", "returned", "routing_key")
+
+    def __init__(
+        self,
+        on_settled: Callable[[bool, bool], None],
+        message_id: Any,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+    ) -> None:
+        self.on_settled = on_settled
+        self.message_id = message_id
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.body = body
+        self.returned = False
+
+
+def settled_reason(acked: bool, returned: bool) -> str:
+    """Why a publish did not count as stored ("" if it did)."""
+    if acked and not returned:
+        return ""
+    return "returned as unroutable" if returned else "nacked by the broker"

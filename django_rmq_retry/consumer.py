@@ -158,7 +158,7 @@ class Consumer:
         self._generation = 0
         self._connection: Any = None
         self._channel: Any = None
-        self._copies: broker.AsyncConfirms | None = None
+        self._copies: broker.ConfirmChannel | None = None
         self._unsettled: set[int] = set()
         self._done: SimpleQueue[tuple[Delivery, Future[Action]]] = SimpleQueue()
         self._wake_lock = threading.Lock()
@@ -233,7 +233,7 @@ class Consumer:
         channel = self._connection.channel()
         topology.declare(channel, topology.plan(self.receivers, self.names, self.levels))
         channel.basic_qos(prefetch_count=self.prefetch)
-        self._copies = broker.AsyncConfirms(self._connection)
+        self._copies = broker.ConfirmChannel(self._connection)
         self._channel = channel
         self._consumer_tags = []
         queues = list(self._by_queue)
@@ -474,13 +474,24 @@ class Consumer:
                 if isinstance(res, Exception):
                     logger.error("a message_retried signal receiver failed: %r", res)
 
+        def on_settled(acked: bool, returned: bool) -> None:
+            # Inside pika's frame callback, which must not re-enter the blocking connection
+            # (settled acks on it): run it from a timer on the same loop instead.
+            conn.call_later(
+                0,
+                functools.partial(
+                    settled, acked and not returned, broker.settled_reason(acked, returned)
+                ),
+            )
+
         assert self._copies is not None  # set with the connection, on this thread
+        conn = self._connection
         self._copies.publish(
             action.exchange,
             action.routing_key,
             action.body,
             broker.to_pika(action.properties),
-            settled,
+            on_settled,
         )
 
     # Worker side ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ unroutable message (no queue bound) raises instead of being silently dropped.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -384,46 +385,40 @@ class _BatchOutcome:
 
 
 class _ConfirmPipeline:
-    """A confirm-mode channel used without ``BlockingChannel``'s one-confirm-at-a-time wait.
+    """Publishes a batch on a :class:`broker.ConfirmChannel`, many confirms in flight.
 
-    ``BlockingChannel.basic_publish`` waits for each confirm before returning. Here the
-    channel's underlying pika ``Channel`` is put in confirm mode with our own ack/nack and
-    return callbacks; messages are written back to back and the connection's I/O loop is
-    pumped until every delivery tag is acked or nacked. The broker sends ``basic.return``
-    for an unroutable mandatory message before its ``basic.ack``, so a return is matched to
-    the oldest unconfirmed message with the same message id.
+    Messages are written back to back and the connection's I/O loop is pumped until at most
+    a window's worth are unconfirmed, then until every one is acked or nacked.
     """
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
-        self.blocking = connection.channel()
-        self.impl = self.blocking._impl
-        self.next_tag = 1
-        self.outstanding: dict[int, _BatchItem] = {}
-        self.by_message_id: dict[Any, list[int]] = {}
-        self.closed: BaseException | None = None
-        self.wake_at: int = -1  # wake the I/O loop once outstanding <= this
+        self.channel = broker.ConfirmChannel(connection)
+        self.channel.on_broken = self._wake
+        self.wake_at: int = -1  # wake the I/O loop once this few are unconfirmed
         self._woken = False
-        self.impl.add_on_return_callback(self._on_return)
-        self.impl.add_on_close_callback(self._on_close)
-        ready: list[bool] = []
-        self.impl.confirm_delivery(
-            ack_nack_callback=self._on_confirm, callback=lambda _frame: ready.append(True)
-        )
         deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
-        while not ready:
+        while not self.channel.ready:
             if self.closed is not None:
                 raise pex.ChannelClosed(0, f"confirm.select failed: {self.closed}")
             if time.monotonic() > deadline:
                 raise pex.AMQPConnectionError("no confirm.select-ok from the broker")
             self._pump(0.05)
 
+    @property
+    def closed(self) -> BaseException | None:
+        return self.channel.broken
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self.channel.pending)
+
     def usable(self, connection: Any) -> bool:
         return (
             connection is self.connection
             and self.closed is None
-            and self.impl.is_open
-            and not self.outstanding
+            and self.channel.impl.is_open
+            and not self.channel.pending
         )
 
     # Callbacks (run inside the connection's I/O loop) ------------------------------------
@@ -432,53 +427,11 @@ class _ConfirmPipeline:
             self._woken = True
             self.connection.call_later(0, _noop)
 
-    def _on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        state = "ack" if method.NAME == "Basic.Ack" else "nack"
-        tag = method.delivery_tag
-        if method.multiple:
-            done = []
-            for t in self.outstanding:  # insertion order == tag order
-                if t > tag:
-                    break
-                done.append(t)
-        else:
-            done = [tag] if tag in self.outstanding else []
-        for t in done:
-            item = self.outstanding.pop(t)
-            item.state = state
-            tags = self.by_message_id.get(item.properties.message_id)
-            if tags is not None:
-                if t in tags:
-                    tags.remove(t)
-                if not tags:
-                    del self.by_message_id[item.properties.message_id]
-        if len(self.outstanding) <= self.wake_at:
+    def _settle(self, item: _BatchItem, acked: bool, returned: bool) -> None:
+        item.state = "ack" if acked else "nack"
+        item.returned = returned
+        if len(self.channel.pending) <= self.wake_at:
             self._wake()
-
-    def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        # The oldest unconfirmed message with the same id, route and body: message ids alone
-        # are not unique (a requeue of rows copied from one message, a careless publisher).
-        for t in self.by_message_id.get(properties.message_id, ()):
-            item = self.outstanding.get(t)
-            if (
-                item is not None
-                and not item.returned
-                and item.exchange == method.exchange
-                and item.routing_key == method.routing_key
-                and item.body == body
-            ):
-                item.returned = True
-                break
-        else:
-            logger.error(
-                "a returned message (id %r) matches no message of this batch",
-                properties.message_id,
-            )
-
-    def _on_close(self, _channel: Any, reason: BaseException) -> None:
-        self.closed = reason
-        self._wake()
 
     # Driving -----------------------------------------------------------------------------
     def _pump(self, seconds: float) -> None:
@@ -487,16 +440,16 @@ class _ConfirmPipeline:
 
     def _wait_until(self, at_most: int) -> bool:
         """Pump I/O until at most ``at_most`` messages are unconfirmed; False on a stall."""
-        last = len(self.outstanding)
+        last = self.unconfirmed
         deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
-        while len(self.outstanding) > at_most and self.closed is None:
+        while self.unconfirmed > at_most and self.closed is None:
             self.wake_at = at_most
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             self._pump(min(remaining, 1.0))
-            if len(self.outstanding) < last:  # progress: the stall clock starts over
-                last = len(self.outstanding)
+            if self.unconfirmed < last:  # progress: the stall clock starts over
+                last = self.unconfirmed
                 deadline = time.monotonic() + _BATCH_STALL_TIMEOUT
         self.wake_at = -1
         return True
@@ -507,7 +460,7 @@ class _ConfirmPipeline:
         outcome = _BatchOutcome()
         low = window // 2
         for index in todo:
-            if len(self.outstanding) >= window and not self._wait_until(low):
+            if self.unconfirmed >= window and not self._wait_until(low):
                 outcome.timed_out = True
                 return outcome
             if self.closed is not None:
@@ -515,12 +468,12 @@ class _ConfirmPipeline:
             item = items[index]
             item.state = ""
             item.returned = False
-            tag = self.next_tag
-            self.next_tag += 1
-            self.outstanding[tag] = item
-            self.by_message_id.setdefault(item.properties.message_id, []).append(tag)
-            self.impl.basic_publish(
-                item.exchange, item.routing_key, item.body, item.properties, mandatory=True
+            self.channel.publish(
+                item.exchange,
+                item.routing_key,
+                item.body,
+                item.properties,
+                functools.partial(self._settle, item),
             )
         if self.closed is None and not self._wait_until(0):
             outcome.timed_out = True
