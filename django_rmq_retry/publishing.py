@@ -31,6 +31,8 @@ logger = logging.getLogger("django_rmq_retry.publishing")
 _BATCH_WINDOW = 1000
 #: Seconds without any confirm after which a batch gives up (the messages count as failed).
 _BATCH_STALL_TIMEOUT = 30.0
+#: Messages of a batch written between two runs of the I/O loop (which sends them).
+_FLUSH_EVERY = 100
 #: A connection idle for longer is polled before use, so one the broker closed meanwhile
 #: (missed heartbeats, a restart) is replaced quietly instead of failing the publish first.
 _IDLE_CHECK_AFTER = 1.0
@@ -459,7 +461,7 @@ class _ConfirmPipeline:
     ) -> _BatchOutcome:
         outcome = _BatchOutcome()
         low = window // 2
-        for index in todo:
+        for sent, index in enumerate(todo, 1):
             if self.unconfirmed >= window and not self._wait_until(low):
                 outcome.timed_out = True
                 return outcome
@@ -475,6 +477,10 @@ class _ConfirmPipeline:
                 item.properties,
                 functools.partial(self._settle, item),
             )
+            if sent % _FLUSH_EVERY == 0:
+                # Frames wait in pika's buffer until the I/O loop runs: hand them to the
+                # socket (and take in confirms) while the next ones are marshalled.
+                self._pump(0)
         if self.closed is None and not self._wait_until(0):
             outcome.timed_out = True
         if self.closed is not None:
