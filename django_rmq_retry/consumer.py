@@ -797,6 +797,12 @@ class _DaemonPool:
         return fut
 
     def _work(self) -> None:
+        try:
+            self._loop()
+        finally:
+            connections.close_all()  # this thread's own connections only
+
+    def _loop(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:

@@ -10,12 +10,15 @@ names, so this module never imports pika. It answers three questions:
 
 from __future__ import annotations
 
+import base64
 import codecs
 import hashlib
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 from .names import Names
@@ -303,14 +306,39 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Headers turned into JSON-storable values (bytes → marked base64, datetimes → ISO)."""
-    return {str(k): _json_safe(v) for k, v in (headers or {}).items()}
+    """Headers turned into values every database's JSON column stores exactly.
+
+    Bytes become marked base64, datetimes ISO text, decimals text. Two more cases that
+    SQLite stores but PostgreSQL refuses (which would leave a message unparkable): text
+    holding NUL characters (marked base64 of its UTF-8) and NaN/infinite floats (marked
+    text). :func:`headers_from_json` turns every mark back into the original value.
+    """
+    return {_json_key(k): _json_safe(v) for k, v in (headers or {}).items()}
+
+
+_KEY_MARK = "__b64key__:"
+
+
+def _json_key(key: Any) -> str:
+    text = str(key)
+    if "\x00" in text or text.startswith(_KEY_MARK):
+        return _KEY_MARK + base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
+    return text
+
+
+def _key_back(key: str) -> str:
+    if key.startswith(_KEY_MARK):
+        return base64.b64decode(key[len(_KEY_MARK) :]).decode("utf-8", "surrogatepass")
+    return key
 
 
 def _json_safe(value: Any) -> Any:
-    import base64
-    from decimal import Decimal
-
+    if isinstance(value, str):
+        if "\x00" in value:
+            return {"__text__": base64.b64encode(value.encode("utf-8", "surrogatepass")).decode()}
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
     if isinstance(value, bytes):
         return {"__bytes__": base64.b64encode(value).decode("ascii")}
     if isinstance(value, datetime):
@@ -318,7 +346,7 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, Decimal):
         return {"__decimal__": str(value)}
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {_json_key(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
@@ -326,21 +354,25 @@ def _json_safe(value: Any) -> Any:
 
 def headers_from_json(data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Inverse of :func:`json_safe_headers`."""
-    return {k: _from_json(v) for k, v in (data or {}).items()}
+    return {_key_back(k): _from_json(v) for k, v in (data or {}).items()}
+
+
+_MARKS: dict[str, Callable[[str], Any]] = {
+    "__bytes__": base64.b64decode,
+    "__datetime__": datetime.fromisoformat,
+    "__decimal__": Decimal,
+    "__text__": lambda v: base64.b64decode(v).decode("utf-8", "surrogatepass"),
+    "__float__": float,
+}
 
 
 def _from_json(value: Any) -> Any:
-    import base64
-    from decimal import Decimal
-
     if isinstance(value, Mapping):
-        if set(value) == {"__bytes__"}:
-            return base64.b64decode(value["__bytes__"])
-        if set(value) == {"__datetime__"}:
-            return datetime.fromisoformat(value["__datetime__"])
-        if set(value) == {"__decimal__"}:
-            return Decimal(value["__decimal__"])
-        return {k: _from_json(v) for k, v in value.items()}
+        if len(value) == 1:
+            ((mark, inner),) = value.items()
+            if mark in _MARKS and isinstance(inner, str):
+                return _MARKS[mark](inner)
+        return {_key_back(k): _from_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_from_json(v) for v in value]
     return value

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
 from .models import DeliveryStart
 from .names import Names
-from .parking import ParkRequest, park, park_many
+from .parking import ParkRequest, park, park_many, stripped_request
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -74,6 +74,12 @@ class ParkWriter:
 
     # Thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            connections.close_all()  # this thread's own connections only
+
+    def _loop(self) -> None:
         closing = False
         while not closing:
             job = self._queue.get()
@@ -138,30 +144,25 @@ class ParkWriter:
             delay = min(delay * 2, 10.0)
 
     def _park(self, batch: Sequence[ParkJob]) -> list[bool]:
-        """Commit the batch; per job, whether its row is stored. Raises ``DatabaseError``."""
+        """Commit the batch; per job, whether its row is stored.
+
+        Raises ``DatabaseError`` only while the database does not answer (an outage: the
+        caller holds the batch and retries). A database that answers but refuses the
+        batch refused something in one request: row by row then, so that one does not hold
+        up the others, and a row it still refuses is stored stripped
+        (:func:`parking.stripped_request`) rather than retried for ever.
+        """
         try:
             park_many([job.request for job in batch], names=self._names)
             stored = [True] * len(batch)
-        except DatabaseError:
-            raise
+        except DatabaseError as exc:
+            if not _database_answers():
+                raise
+            logger.warning("the database refused a batch of %d park(s): %s", len(batch), exc)
+            stored = [self._park_one(job) for job in batch]
         except Exception:
-            # Something in one request that the batch statement cannot take: row by row, so
-            # one bad request (released, with a log line) does not hold up the others.
-            stored = []
-            for job in batch:
-                try:
-                    park(job.request, names=self._names)
-                except DatabaseError:
-                    raise
-                except Exception:
-                    logger.exception(
-                        "cannot park message %s of %s; releasing it",
-                        job.request.properties.get("message_id"),
-                        job.request.receiver,
-                    )
-                    stored.append(False)
-                else:
-                    stored.append(True)
+            logger.exception("internal error parking a batch of %d; row by row", len(batch))
+            stored = [self._park_one(job) for job in batch]
         keys = [
             job.start_key for job, ok in zip(batch, stored, strict=True) if ok and job.start_key
         ]
@@ -171,3 +172,49 @@ class ParkWriter:
             except DatabaseError:
                 logger.debug("could not clear %d delivery start(s)", len(keys), exc_info=True)
         return stored
+
+    def _park_one(self, job: ParkJob) -> bool:
+        req = job.request
+        try:
+            park(req, names=self._names)
+            return True
+        except DatabaseError as exc:
+            if not _database_answers():
+                raise
+            refusal: BaseException = exc
+        except Exception as exc:  # a bug of ours with this request's data
+            logger.exception(
+                "cannot park message %s of %s", req.properties.get("message_id"), req.receiver
+            )
+            refusal = exc
+        try:
+            park(stripped_request(req, refusal), names=self._names)
+        except DatabaseError:
+            if not _database_answers():
+                raise
+            logger.exception(
+                "cannot park message %s of %s even stripped; releasing it",
+                req.properties.get("message_id"),
+                req.receiver,
+            )
+            return False
+        logger.error(
+            "parked message %s of %s without its headers and properties: the database "
+            "refused them (%s)",
+            req.properties.get("message_id"),
+            req.receiver,
+            " ".join(str(refusal).split())[:200],
+        )
+        return True
+
+
+def _database_answers() -> bool:
+    """Whether a fresh connection runs a query: tells a refused row from an outage."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    try:
+        conn.close()
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        return False
+    return True

@@ -19,7 +19,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -82,6 +82,12 @@ def park_key(req: ParkRequest, names: Names) -> str:
     )
 
 
+def _text(value: str) -> str:
+    """Text for a display/filter column. PostgreSQL refuses NUL characters in text, so they
+    are shown as U+FFFD; the exact values live in the ``properties``/``headers`` JSON."""
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
 def _properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:
     props = {k: v for k, v in properties.items() if k != "headers" and v is not None}
     return json_safe_headers(props)
@@ -105,27 +111,27 @@ def _prepare(req: ParkRequest, names: Names) -> _Prepared:
         "at": now.isoformat(),
         "event": "parked",
         "reason": req.reason,
-        "error_type": req.error_type,
+        "error_type": _text(req.error_type),
         "attempts": req.attempts,
     }
     fields = {
-        "receiver": req.receiver[:255],
-        "queue": req.queue[:255],
-        "exchange": req.exchange[:255],
-        "routing_key": req.routing_key[:255],
-        "message_id": str(req.properties.get("message_id") or "")[:255],
-        "correlation_id": str(req.properties.get("correlation_id") or "")[:255],
+        "receiver": _text(req.receiver)[:255],
+        "queue": _text(req.queue)[:255],
+        "exchange": _text(req.exchange)[:255],
+        "routing_key": _text(req.routing_key)[:255],
+        "message_id": _text(str(req.properties.get("message_id") or ""))[:255],
+        "correlation_id": _text(str(req.properties.get("correlation_id") or ""))[:255],
         "body": req.body,
         "body_size": len(req.body),
-        "content_type": str(req.properties.get("content_type") or "")[:255],
+        "content_type": _text(str(req.properties.get("content_type") or ""))[:255],
         "properties": _properties_json(req.properties),
         "headers": json_safe_headers(headers),
         "reason": req.reason,
-        "reason_detail": req.reason_detail,
-        "error_type": req.error_type[:255],
-        "error_message": req.error_message,
-        "traceback": req.traceback,
-        "fingerprint": req.fingerprint[:255],
+        "reason_detail": _text(req.reason_detail),
+        "error_type": _text(req.error_type)[:255],
+        "error_message": _text(req.error_message),
+        "traceback": _text(req.traceback),
+        "fingerprint": _text(req.fingerprint)[:255],
         "attempts": req.attempts,
         "first_failure_at": req.first_failure_at,
         "last_failure_at": req.last_failure_at,
@@ -233,6 +239,46 @@ def park_many(
     except IntegrityError:
         return [park(req, names=names, using=using) for req in reqs]
     return [(row, True) for row in rows]
+
+
+def stripped_request(req: ParkRequest, refusal: BaseException) -> ParkRequest:
+    """A copy of ``req`` any database can store, for a row the database refused.
+
+    The last resort that keeps the message: the body is kept bit for bit (bytes always
+    store); the properties and headers the database refused are left out of the row and
+    described, escaped, in its reason detail; every text is ASCII-escaped. A requeue of such
+    a row publishes the body without its original headers.
+    """
+
+    def esc(value: Any, limit: int = 10_000) -> str:
+        return ascii(str(value))[1:-1][:limit]
+
+    props = req.properties
+    kept = {
+        k: esc(v, 255)
+        for k, v in props.items()
+        if k in ("message_id", "correlation_id", "content_type", "content_encoding", "type")
+        and v is not None
+    }
+    refused = " ".join(str(refusal).split())[:300]
+    detail = (
+        f"{esc(req.reason_detail, 2000)} [stored without its headers and properties, which "
+        f"the database refused ({esc(refused)}); they were: headers {esc(props.get('headers'))}; "
+        f"properties {esc({k: v for k, v in props.items() if k != 'headers'})}]"
+    )
+    return replace(
+        req,
+        receiver=esc(req.receiver, 255),
+        queue=esc(req.queue, 255),
+        exchange=esc(req.exchange, 255),
+        routing_key=esc(req.routing_key, 255),
+        properties={**kept, "headers": {}},
+        reason_detail=detail,
+        error_type=esc(req.error_type, 255),
+        error_message=esc(req.error_message),
+        traceback=esc(req.traceback, 100_000),
+        fingerprint=esc(req.fingerprint, 255),
+    )
 
 
 def _after_park(row: ParkedMessage, req: ParkRequest, created: bool) -> None:

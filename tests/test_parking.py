@@ -160,6 +160,84 @@ def test_park_many_returns_a_requeued_message_to_its_row():
     assert ParkedMessage.objects.get(pk=row.pk).park_count == 2
 
 
+def test_values_postgresql_refuses_are_stored_exactly():
+    # NUL characters and NaN floats: SQLite stores them, PostgreSQL refuses them in text and
+    # JSON columns. A message carrying them must still be parked, and requeued as it came.
+    headers = {"k\x00ey": "a\x00b", "nan": float("nan"), "inf": float("-inf"), "n": [1, "x\x00"]}
+    props = {"message_id": "m\x00", "correlation_id": "c\x00", "headers": headers}
+    row, _ = parking.park(
+        _request(properties=props, error_message="bad \x00 byte", traceback="tb\x00"),
+        names=Names("p"),
+    )
+    row = ParkedMessage.objects.get(pk=row.pk)
+    restored = parking.row_properties(row)
+    assert restored["message_id"] == "m\x00" and restored["correlation_id"] == "c\x00"
+    back = restored["headers"]
+    assert (
+        back["k\x00ey"] == "a\x00b" and back["n"] == [1, "x\x00"] and back["inf"] == float("-inf")
+    )
+    assert back["nan"] != back["nan"]  # NaN
+    assert row.message_id == "m\ufffd" and row.error_message == "bad \ufffd byte"
+
+
+def _refuse_rows_whose_headers_contain(marker: str):
+    """A database trigger that refuses the row: a real refusal by the real database."""
+    table = ParkedMessage._meta.db_table
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(
+                "CREATE FUNCTION rmqr_test_refuse() RETURNS trigger AS $$ BEGIN "
+                f"IF NEW.headers::text LIKE '%%{marker}%%' THEN "
+                "RAISE EXCEPTION 'refused by a test trigger' USING ERRCODE = '22000'; END IF; "
+                "RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            cur.execute(
+                f"CREATE TRIGGER rmqr_test_refuse BEFORE INSERT OR UPDATE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION rmqr_test_refuse()"
+            )
+        else:
+            cur.execute(
+                f"CREATE TRIGGER rmqr_test_refuse BEFORE INSERT ON {table} "
+                f"WHEN NEW.headers LIKE '%{marker}%' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END"
+            )
+
+
+def _drop_refusal() -> None:
+    table = ParkedMessage._meta.db_table
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(f"DROP TRIGGER IF EXISTS rmqr_test_refuse ON {table}")
+            cur.execute("DROP FUNCTION IF EXISTS rmqr_test_refuse()")
+        else:
+            cur.execute("DROP TRIGGER IF EXISTS rmqr_test_refuse")
+
+
+@pytest.mark.broker
+def test_consumer_parks_messages_with_nul_characters_and_a_row_the_database_refuses(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    work.send({"id": 1, "reject": True}, headers={"x\x00": "a\x00b"}, message_id="nul\x00id")
+    work.send({"id": 2, "reject": True}, headers={"note": "refuse-me"}, message_id="refused")
+    work.send({"id": 3, "reject": True}, message_id="plain")
+    _refuse_rows_whose_headers_contain("refuse-me")
+    try:
+        call_command("rmq_consume", "alpha", max_idle_time=2, verbosity=0)
+    finally:
+        _drop_refusal()
+    rows = {r.message_id: r for r in ParkedMessage.objects.all()}
+    assert set(rows) == {"nul\ufffdid", "refused", "plain"}  # all three parked, none held
+    nul = parking.row_properties(rows["nul\ufffdid"])
+    assert nul["message_id"] == "nul\x00id" and nul["headers"]["x\x00"] == "a\x00b"
+    refused = rows["refused"]
+    assert refused.headers == {} and bytes(refused.body) == b'{"id":2,"reject":true}'
+    assert "stored without its headers" in refused.reason_detail
+    assert (
+        "refuse-me" in refused.reason_detail
+        and "refused by a test trigger" in refused.reason_detail
+    )
+    assert rmq.depth(rmq.queue("alpha")) == 0
+
+
 def _park_real_failures(rmq, n: int) -> None:
     """Messages that fail in alpha only (3 attempts in the test settings), then park."""
     call_command("rmq_consume", setup_only=True, verbosity=0)

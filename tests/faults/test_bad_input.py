@@ -196,6 +196,25 @@ def test_bad_input_is_handled_or_parked_and_the_consumer_keeps_going(rmq):
                 ("parked", "undecodable", None),
             ),
             ("big-fail", None, {}, ("parked", "exhausted", 3)),
+            # PostgreSQL refuses NUL in text and NaN in JSON: parked anyway, exactly.
+            (
+                "nul-text",
+                {"id": "nul-text", "reject": True},
+                {"a": "b\x00c"},
+                ("parked", "rejected", 1),
+            ),
+            (
+                "nul-key",
+                {"id": "nul-key", "reject": True},
+                {"n\x00ul": 1},
+                ("parked", "rejected", 1),
+            ),
+            (
+                "nan-double",
+                {"id": "nan-double", "reject": True},
+                {"nan": Raw(b"d", struct.pack(">d", float("nan")))},
+                ("parked", "rejected", 1),
+            ),
         ]
         for case, body, headers, want in raw_cases:
             data = (
