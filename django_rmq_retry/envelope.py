@@ -346,7 +346,10 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, Decimal):
         return {"__decimal__": str(value)}
     if isinstance(value, Mapping):
-        return {_json_key(k): _json_safe(v) for k, v in value.items()}
+        table = {_json_key(k): _json_safe(v) for k, v in value.items()}
+        if len(table) == 1 and next(iter(table)) in _MARKS:
+            return {_TABLE_MARK: table}  # a table that only looks like one of our marks
+        return table
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
@@ -357,12 +360,14 @@ def headers_from_json(data: Mapping[str, Any] | None) -> dict[str, Any]:
     return {_key_back(k): _from_json(v) for k, v in (data or {}).items()}
 
 
+_TABLE_MARK = "__table__"
 _MARKS: dict[str, Callable[[str], Any]] = {
     "__bytes__": base64.b64decode,
     "__datetime__": datetime.fromisoformat,
     "__decimal__": Decimal,
     "__text__": lambda v: base64.b64decode(v).decode("utf-8", "surrogatepass"),
     "__float__": float,
+    _TABLE_MARK: str,  # never decoded through here (its value is a table); reserved
 }
 
 
@@ -372,6 +377,8 @@ def _from_json(value: Any) -> Any:
             ((mark, inner),) = value.items()
             if mark in _MARKS and isinstance(inner, str):
                 return _MARKS[mark](inner)
+            if mark == _TABLE_MARK and isinstance(inner, Mapping):
+                return {_key_back(k): _from_json(v) for k, v in inner.items()}
         return {_key_back(k): _from_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_from_json(v) for v in value]

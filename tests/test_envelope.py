@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -213,5 +215,19 @@ def test_headers_round_trip_through_json():
         "d": datetime(2026, 1, 1, tzinfo=timezone.utc),
         "n": Decimal("1.5"),
         "nested": {"list": [1, b"x"]},
+        "nul\x00key": "nul\x00value",
+        "__b64key__:looks-marked": 1,
+        "inf": float("inf"),
+        # Tables that look like our own marks come back as tables, not decoded.
+        "fake-bytes": {"__bytes__": "AAE="},
+        "fake-table": {"__table__": {"x": 1}},
+        "fake-text": [{"__text__": "eA=="}],
     }
-    assert headers_from_json(json_safe_headers(headers)) == headers
+    stored = json_safe_headers(headers)
+    assert "\x00" not in json.dumps(stored)  # PostgreSQL refuses NUL in JSON text
+    assert headers_from_json(json.loads(json.dumps(stored))) == headers
+
+
+def test_nan_survives_the_json_column():
+    stored = json.loads(json.dumps(json_safe_headers({"nan": float("nan")}), allow_nan=False))
+    assert math.isnan(headers_from_json(stored)["nan"])
