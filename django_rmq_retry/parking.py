@@ -327,12 +327,13 @@ def _claim(ids: list[int], token: str, stale_before: datetime, using: str) -> in
     claimable = Q(status=ParkedStatus.PARKED) | Q(
         status=ParkedStatus.REQUEUING, claimed_at__lt=stale_before
     )
+    manager = ParkedMessage.objects.using(using)
     with transaction.atomic(using=using):
-        qs = ParkedMessage.objects.using(using).filter(claimable, pk__in=ids)
-        conn = transaction.get_connection(using)
-        if conn.features.has_select_for_update_skip_locked:
-            ids = list(qs.select_for_update(skip_locked=True).values_list("pk", flat=True))
-            qs = ParkedMessage.objects.using(using).filter(claimable, pk__in=ids)
+        qs = manager.filter(claimable, pk__in=ids)
+        if transaction.get_connection(using).features.has_select_for_update_skip_locked:
+            # One statement: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED).
+            locked = qs.order_by().select_for_update(skip_locked=True).values("pk")
+            qs = manager.filter(claimable, pk__in=locked)
         return qs.update(
             status=ParkedStatus.REQUEUING, claim_token=token, claimed_at=timezone.now()
         )
