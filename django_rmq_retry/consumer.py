@@ -18,7 +18,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from queue import Empty, SimpleQueue
@@ -160,13 +159,13 @@ class Consumer:
         self._channel: Any = None
         self._copies: broker.ConfirmChannel | None = None
         self._unsettled: set[int] = set()
-        self._done: SimpleQueue[tuple[Delivery, Future[Action]]] = SimpleQueue()
+        self._done: SimpleQueue[_Job] = SimpleQueue()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         self._consumer_tags: list[str] = []
-        self._inflight: dict[int, Future[Action]] = {}
+        self._inflight: dict[int, _Job] = {}
         self._last_activity = time.monotonic()
-        self._pool = _DaemonPool(self.threads, "rmq-receiver")
+        self._pool = _DaemonPool(self.threads, "rmq-receiver", self._process, self._hand_back)
         self._parker = ParkWriter(
             self.names,
             on_done=self._park_done,
@@ -255,8 +254,8 @@ class Consumer:
     def _abandon_connection(self) -> None:
         """Forget a dead connection; unacked deliveries return to their queues by themselves."""
         self._generation += 1
-        for fut in list(self._inflight.values()):
-            fut.cancel()
+        for job in list(self._inflight.values()):
+            self._pool.cancel(job)
         self._inflight.clear()
         conn, self._connection = self._connection, None
         self._channel = self._copies = None
@@ -268,7 +267,7 @@ class Consumer:
                 logger.debug("closing a broken connection failed", exc_info=True)
 
     def _close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self._parker.close()
         if self._connection is not None:
             try:
@@ -318,13 +317,13 @@ class Consumer:
             except broker.CONNECTION_ERRORS:
                 return
         # Deliveries whose receiver has not started go back to the queue untouched.
-        for fut in list(self._inflight.values()):
-            fut.cancel()
+        for job in list(self._inflight.values()):
+            self._pool.cancel(job)
         deadline = time.monotonic() + self.shutdown_timeout
         while self._inflight and time.monotonic() < deadline:
             self._pump(0.05)
-            for delivery_tag, fut in list(self._inflight.items()):
-                if fut.cancelled():
+            for delivery_tag, job in list(self._inflight.items()):
+                if job.state is _CANCELLED:
                     self._inflight.pop(delivery_tag, None)
         if self._inflight:
             logger.warning(
@@ -361,20 +360,21 @@ class Consumer:
                 properties=broker.from_pika(properties),
                 body=body,
             )
-            fut = self._pool.submit(self._process, delivery)
-            self._inflight[tag] = fut
-            fut.add_done_callback(functools.partial(self._hand_back, delivery))
+            job = _Job(delivery)
+            self._inflight[tag] = job
+            self._pool.submit(job)
 
         return on_message
 
-    def _hand_back(self, delivery: Delivery, fut: Future[Action]) -> None:
+    def _hand_back(self, job: _Job) -> None:
         """Worker thread → connection thread, waking the loop once per batch, not per message."""
-        if fut.cancelled():
+        if job.state is _CANCELLED:
             return
+        delivery = job.delivery
         conn = self._connection
         if conn is None or delivery.generation != self._generation:
             return
-        self._done.put((delivery, fut))
+        self._done.put(job)
         with self._wake_lock:
             if self._wake_pending:
                 return
@@ -396,14 +396,15 @@ class Consumer:
         acks: list[int] = []
         while True:
             try:
-                delivery, fut = self._done.get_nowait()
+                job = self._done.get_nowait()
             except Empty:
                 break
+            delivery = job.delivery
             if delivery.generation != self._generation:
                 continue
             self._last_activity = time.monotonic()
             try:
-                action = fut.result()
+                action = job.result()
             except BaseException:  # a bug of ours must not stop the loop: give it back
                 logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
                 action = Release()
@@ -432,9 +433,9 @@ class Consumer:
 
     def _park_done(self, delivery: Delivery, stored: bool) -> None:
         """Parking thread: the row is committed (ack) or could not be (give it back)."""
-        fut: Future[Action] = Future()
-        fut.set_result(Ack("parked") if stored else Release())
-        self._hand_back(delivery, fut)
+        job = _Job(delivery)
+        job.finish(Ack("parked") if stored else Release(), None)
+        self._hand_back(job)
 
     def _ack(self, tags: list[int]) -> None:
         oldest = min(self._unsettled) if self._unsettled else None
@@ -771,8 +772,36 @@ class Consumer:
             logger.debug("could not clear delivery start %s", key, exc_info=True)
 
 
+_PENDING, _RUNNING, _DONE, _CANCELLED = "pending", "running", "done", "cancelled"
+
+
+class _Job:
+    """One delivery's trip through a worker thread.
+
+    What ``concurrent.futures.Future`` would do, without its per-object ``Condition``
+    and callback machinery: nobody waits on a job, the worker hands it back once done.
+    """
+
+    __slots__ = ("action", "delivery", "error", "state")
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+        self.state = _PENDING
+        self.action: Action | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, action: Action | None, error: BaseException | None) -> None:
+        self.action, self.error, self.state = action, error, _DONE
+
+    def result(self) -> Action:
+        if self.error is not None:
+            raise self.error
+        assert self.action is not None
+        return self.action
+
+
 class _DaemonPool:
-    """A fixed pool of *daemon* receiver threads returning ``Future`` objects.
+    """A fixed pool of *daemon* receiver threads: ``run(delivery)``, then ``done(job)``.
 
     ``ThreadPoolExecutor`` threads are joined at interpreter exit, so a receiver still
     running after ``SHUTDOWN_TIMEOUT`` held the process until it returned (scenario 5 of the
@@ -780,10 +809,17 @@ class _DaemonPool:
     the abandoned deliveries were never acked, so the broker redelivers them.
     """
 
-    def __init__(self, workers: int, name: str) -> None:
-        self._queue: SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
-            SimpleQueue()
-        )
+    def __init__(
+        self,
+        workers: int,
+        name: str,
+        run: Callable[[Delivery], Action],
+        done: Callable[[_Job], None],
+    ) -> None:
+        self._run = run
+        self._done = done
+        self._lock = threading.Lock()  # job state changes: start vs cancel
+        self._queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
             for i in range(max(1, workers))
@@ -791,10 +827,16 @@ class _DaemonPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        fut: Future[Any] = Future()
-        self._queue.put((fut, fn, args))
-        return fut
+    def submit(self, job: _Job) -> None:
+        self._queue.put(job)
+
+    def cancel(self, job: _Job) -> bool:
+        """Cancel a job no worker has started (it goes back to the queue untouched)."""
+        with self._lock:
+            if job.state is _PENDING:
+                job.state = _CANCELLED
+                return True
+            return False
 
     def _work(self) -> None:
         try:
@@ -804,33 +846,30 @@ class _DaemonPool:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            job = self._queue.get()
+            if job is None:
                 return
-            fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
+            with self._lock:
+                if job.state is not _PENDING:
+                    continue
+                job.state = _RUNNING
             try:
-                result = fn(*args)
+                job.finish(self._run(job.delivery), None)
             except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
+                job.finish(None, exc)
+            self._done(job)
 
-    def shutdown(self, wait: bool = False, cancel_futures: bool = False) -> None:
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
+    def shutdown(self) -> None:
+        """Cancel queued jobs and let every thread exit after its current one."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except Empty:
+                break
+            if job is not None:
+                self.cancel(job)
         for _ in self._threads:
             self._queue.put(None)
-        if wait:
-            for t in self._threads:
-                t.join()
 
 
 def _timestamp(value: Any) -> datetime | None:
