@@ -644,7 +644,13 @@ class Consumer:
         if exc is not None:
             error_type = error_type_name(exc)
             error_message = error_summary(exc, 10_000)
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            # lookup_lines=False: source lines are read when formatted, from linecache, with
+            # no stat() of every file of the stack first (a tenth of a parked message's cost).
+            tb = "".join(
+                traceback.TracebackException(
+                    type(exc), exc, exc.__traceback__, lookup_lines=False
+                ).format()
+            )
             fp = fingerprint(error_type, frames_of(exc.__traceback__), self._roots, _base_dir())
         else:
             error_type = decision.reason.value

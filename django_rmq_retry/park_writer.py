@@ -101,7 +101,11 @@ class ParkWriter:
                 logger.exception("internal error parking %d message(s); releasing them", len(batch))
                 for job in batch:
                     self._on_done(job.token, False)
-            finally:
+            if self._queue.empty():
+                # Idle: end of "request" for Django (CONN_MAX_AGE, health checks). Under a
+                # flood the next batch follows at once on the same connection instead of a
+                # health-check query (or with CONN_MAX_AGE=0 a new connection) per batch;
+                # a connection lost meanwhile is an error _write already retries.
                 close_old_connections()
 
     def _write(self, batch: list[ParkJob]) -> None:
