@@ -51,6 +51,7 @@ from .outcome import Park, ParkReason, RetryLater, decide
 from .park_writer import ParkJob, ParkWriter
 from .parking import ParkRequest
 from .policies import policy_cache
+from .threads import start_daemon
 from .topics import Receiver
 
 logger = logging.getLogger("django_rmq_retry.consumer")
@@ -826,12 +827,7 @@ class _DaemonPool:
         self._done = done
         self._lock = threading.Lock()  # job state changes: start vs cancel
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
-            for i in range(max(1, workers))
-        ]
-        for t in self._threads:
-            t.start()
+        self._threads = [start_daemon(self._loop, f"{name}_{i}") for i in range(max(1, workers))]
 
     def submit(self, job: _Job) -> None:
         self._queue.put(job)
@@ -843,12 +839,6 @@ class _DaemonPool:
                 job.state = _CANCELLED
                 return True
             return False
-
-    def _work(self) -> None:
-        try:
-            self._loop()
-        finally:
-            connections.close_all()  # this thread's own connections only
 
     def _loop(self) -> None:
         while True:

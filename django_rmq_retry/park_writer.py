@@ -27,6 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, co
 from .models import DeliveryStart
 from .names import Names
 from .parking import ParkRequest, park, park_many, stripped_request
+from .threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -62,8 +63,7 @@ class ParkWriter:
         self._stop = stop
         self._max_batch = max_batch
         self._queue: SimpleQueue[ParkJob | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="rmq-park-writer", daemon=True)
-        self._thread.start()
+        start_daemon(self._loop, "rmq-park-writer")
 
     def submit(self, job: ParkJob) -> None:
         self._queue.put(job)
@@ -73,12 +73,6 @@ class ParkWriter:
         self._queue.put(None)
 
     # Thread -----------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self._loop()
-        finally:
-            connections.close_all()  # this thread's own connections only
-
     def _loop(self) -> None:
         closing = False
         while not closing:

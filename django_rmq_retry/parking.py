@@ -40,6 +40,7 @@ from .envelope import (
 from .errors import PublishError
 from .models import ParkedMessage, ParkedStatus
 from .names import Names
+from .threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.parking")
 
@@ -491,8 +492,7 @@ class _ClaimAhead:
         self._claims = claims
         self._queue: queue.Queue[_Chunk | BaseException | None] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rmq-requeue-claims", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "rmq-requeue-claims")
 
     def __iter__(self) -> Iterator[_Chunk]:
         while True:
@@ -511,8 +511,6 @@ class _ClaimAhead:
             self._put(None)
         except BaseException as exc:  # handed to the caller's thread, raised there
             self._put(exc)
-        finally:
-            connections[self._claims.using].close()
 
     def _put(self, item: _Chunk | BaseException | None) -> bool:
         while not self._stop.is_set():
