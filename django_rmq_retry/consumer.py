@@ -170,6 +170,7 @@ class Consumer:
         self._parker = ParkWriter(
             self.names,
             on_done=self._park_done,
+            on_stored=self._forget_starts,
             is_current=lambda d: d.generation == self._generation,
             stop=self._stop,
         )
@@ -769,14 +770,18 @@ class Consumer:
         return key, None
 
     def _forget_start(self, key: str | None) -> None:
-        if not key:
-            return
+        if key:
+            self._forget_starts([key])
+
+    @staticmethod
+    def _forget_starts(keys: list[str]) -> None:
+        """The receivers of these deliveries returned (or they were parked): stop counting."""
         from .models import DeliveryStart
 
         try:
-            DeliveryStart.objects.filter(key=key).delete()
+            DeliveryStart.objects.filter(key__in=keys).delete()
         except DatabaseError:
-            logger.debug("could not clear delivery start %s", key, exc_info=True)
+            logger.debug("could not clear %d delivery start(s)", len(keys), exc_info=True)
 
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = "pending", "running", "done", "cancelled"

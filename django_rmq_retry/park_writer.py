@@ -24,7 +24,6 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from .models import DeliveryStart
 from .names import Names
 from .parking import ParkRequest, park, park_many, stripped_request
 from .threads import start_daemon
@@ -53,12 +52,14 @@ class ParkWriter:
         names: Names,
         *,
         on_done: Callable[[Any, bool], None],
+        on_stored: Callable[[list[str]], None],
         is_current: Callable[[Any], bool],
         stop: threading.Event,
         max_batch: int = MAX_BATCH,
     ) -> None:
         self._names = names
         self._on_done = on_done
+        self._on_stored = on_stored
         self._is_current = is_current
         self._stop = stop
         self._max_batch = max_batch
@@ -165,10 +166,7 @@ class ParkWriter:
             job.start_key for job, ok in zip(batch, stored, strict=True) if ok and job.start_key
         ]
         if keys:
-            try:
-                DeliveryStart.objects.filter(key__in=keys).delete()
-            except DatabaseError:
-                logger.debug("could not clear %d delivery start(s)", len(keys), exc_info=True)
+            self._on_stored(keys)  # the delivery-limit rows of what is now parked
         return stored
 
     def _park_one(self, job: ParkJob) -> bool:
