@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -246,23 +247,14 @@ class ConfirmChannel:
             entry.on_settled(acked, entry.returned)
 
 
+@dataclass(slots=True)
 class _Pending:
-    __slots__ = ("body", "exchange", "message_id", "on_settled", "returned", "routing_key")
-
-    def __init__(
-        self,
-        on_settled: Callable[[bool, bool], None],
-        message_id: Any,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-    ) -> None:
-        self.on_settled = on_settled
-        self.message_id = message_id
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.body = body
-        self.returned = False
+    on_settled: Callable[[bool, bool], None]
+    message_id: Any
+    exchange: str
+    routing_key: str
+    body: bytes
+    returned: bool = False
 
 
 def settled_reason(acked: bool, returned: bool) -> str:

@@ -319,24 +319,28 @@ def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 _KEY_MARK = "__b64key__:"
 
 
+def _text_to_b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogatepass")).decode("ascii")
+
+
+def _b64_to_text(data: str) -> str:
+    return base64.b64decode(data).decode("utf-8", "surrogatepass")
+
+
 def _json_key(key: Any) -> str:
     text = str(key)
     if "\x00" in text or text.startswith(_KEY_MARK):
-        return _KEY_MARK + base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
+        return _KEY_MARK + _text_to_b64(text)
     return text
 
 
 def _key_back(key: str) -> str:
-    if key.startswith(_KEY_MARK):
-        return base64.b64decode(key[len(_KEY_MARK) :]).decode("utf-8", "surrogatepass")
-    return key
+    return _b64_to_text(key[len(_KEY_MARK) :]) if key.startswith(_KEY_MARK) else key
 
 
 def _json_safe(value: Any) -> Any:
     if isinstance(value, str):
-        if "\x00" in value:
-            return {"__text__": base64.b64encode(value.encode("utf-8", "surrogatepass")).decode()}
-        return value
+        return {"__text__": _text_to_b64(value)} if "\x00" in value else value
     if isinstance(value, float) and not math.isfinite(value):
         return {"__float__": repr(value)}
     if isinstance(value, bytes):
@@ -347,7 +351,7 @@ def _json_safe(value: Any) -> Any:
         return {"__decimal__": str(value)}
     if isinstance(value, Mapping):
         table = {_json_key(k): _json_safe(v) for k, v in value.items()}
-        if len(table) == 1 and next(iter(table)) in _MARKS:
+        if len(table) == 1 and next(iter(table)) in _RESERVED:
             return {_TABLE_MARK: table}  # a table that only looks like one of our marks
         return table
     if isinstance(value, list | tuple):
@@ -365,10 +369,11 @@ _MARKS: dict[str, Callable[[str], Any]] = {
     "__bytes__": base64.b64decode,
     "__datetime__": datetime.fromisoformat,
     "__decimal__": Decimal,
-    "__text__": lambda v: base64.b64decode(v).decode("utf-8", "surrogatepass"),
+    "__text__": _b64_to_text,
     "__float__": float,
-    _TABLE_MARK: str,  # never decoded through here (its value is a table); reserved
 }
+#: Keys a one-key table of the user's own must not be mistaken for (wrapped when stored).
+_RESERVED = frozenset({*_MARKS, _TABLE_MARK})
 
 
 def _from_json(value: Any) -> Any:

@@ -226,15 +226,12 @@ def park_many(
         return [park(req, names=names, using=using) for req in reqs]
     try:
         with transaction.atomic(using=using):
-            objs = [ParkedMessage(park_key=p.key, history=[p.event], **p.fields) for p in prepared]
-            manager = ParkedMessage.objects.using(using)
+            rows = [ParkedMessage(park_key=p.key, history=[p.event], **p.fields) for p in prepared]
             if connections[using].features.can_return_rows_from_bulk_insert:
-                rows = manager.bulk_create(objs)
+                ParkedMessage.objects.using(using).bulk_create(rows)
             else:  # the rows need their ids (signals, requeue headers): still one commit
-                rows = [
-                    manager.create(park_key=o.park_key, history=o.history, **p.fields)
-                    for o, p in zip(objs, prepared, strict=True)
-                ]
+                for row in rows:
+                    row.save(force_insert=True, using=using)
             for row, req in zip(rows, reqs, strict=True):
                 _after_park(row, req, True)
     except IntegrityError:
@@ -426,24 +423,16 @@ class _Chunk:
     skipped: int = 0  # of those, claimed by someone else meanwhile
 
 
+@dataclass
 class _Claims:
     """Claims candidates batch by batch and loads the claimed rows in bounded chunks."""
 
-    def __init__(
-        self,
-        candidates: QuerySet[ParkedMessage],
-        token: str,
-        stale_before: datetime,
-        using: str,
-        batch_size: int,
-        limit: int | None,
-    ) -> None:
-        self.candidates = candidates
-        self.token = token
-        self.stale_before = stale_before
-        self.using = using
-        self.batch_size = batch_size
-        self.limit = limit
+    candidates: QuerySet[ParkedMessage]
+    token: str
+    stale_before: datetime
+    using: str
+    batch_size: int
+    limit: int | None
 
     def chunks(self) -> Iterator[_Chunk]:
         claimed_total = 0

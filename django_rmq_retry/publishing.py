@@ -432,7 +432,7 @@ class _ConfirmPipeline:
     def _settle(self, item: _BatchItem, acked: bool, returned: bool) -> None:
         item.state = "ack" if acked else "nack"
         item.returned = returned
-        if len(self.channel.pending) <= self.wake_at:
+        if self.unconfirmed <= self.wake_at:
             self._wake()
 
     # Driving -----------------------------------------------------------------------------
