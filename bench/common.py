@@ -181,10 +181,11 @@ class Run:
         """
         import pika
 
-        from django_rmq_retry import topology
-        from django_rmq_retry.names import Names
+        from django_rmq_retry.broker.topology import declare
+        from django_rmq_retry.conf import current_plan
+        from django_rmq_retry.core.names import Names
         from django_rmq_retry.publishing import reset_publisher
-        from django_rmq_retry.topics import default_registry
+        from django_rmq_retry.registry import default_registry
 
         reset_publisher()
         deadline = time.monotonic() + timeout
@@ -196,9 +197,9 @@ class Run:
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(2)
-        plan = topology.plan(default_registry.all(), Names(self.prefix))
+        plan = current_plan(default_registry.all(), Names(self.prefix))
         ch = conn.channel()
-        topology.declare(ch, plan)
+        declare(ch, plan)
         for name in [q.name for q in plan.queues] + sorted(self.extra_queues):
             try:
                 ch.queue_purge(name)
@@ -224,14 +225,14 @@ class Run:
 
         if not apps.ready:
             return
-        from django_rmq_retry import topology
+        from django_rmq_retry.conf import current_plan
         from django_rmq_retry.publishing import reset_publisher
 
         reset_publisher()
-        from django_rmq_retry.names import Names
-        from django_rmq_retry.topics import default_registry
+        from django_rmq_retry.core.names import Names
+        from django_rmq_retry.registry import default_registry
 
-        plan = topology.plan(default_registry.all(), Names(self.prefix))
+        plan = current_plan(default_registry.all(), Names(self.prefix))
         queues = [q.name for q in plan.queues] + sorted(self.extra_queues)
         deadline = time.monotonic() + 120  # the broker may be restarting (shared machine)
         while True:
@@ -345,18 +346,18 @@ def setup_django(run: Run) -> None:
 
     django.setup()
     run.migrate("sqlite")
-    from django_rmq_retry import topology
     from django_rmq_retry.broker import connect
-    from django_rmq_retry.topics import default_registry
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
 
     conn = connect()
-    topology.declare(conn.channel(), topology.plan(default_registry.all()))
+    conn.channel().declare(current_plan(default_registry.all()))
     conn.close()
 
 
 def queue_name(short: str) -> str:
     from django_rmq_retry.conf import app_settings
-    from django_rmq_retry.topics import default_registry
+    from django_rmq_retry.registry import default_registry
 
     rec = default_registry.find(short, app_settings.PREFIX)
     assert rec is not None, short
@@ -367,7 +368,7 @@ def declare_raw_queue(run: Run, name: str, routing_key: str | None = None, **arg
     """A plain durable queue for a raw twin (bound to the work exchange if a key is given)."""
     import pika
 
-    from django_rmq_retry.names import Names
+    from django_rmq_retry.core.names import Names
 
     full = f"{run.prefix}.raw.{name}"
     conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))

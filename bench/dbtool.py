@@ -35,8 +35,8 @@ def seed(n: int, tag: str) -> None:
 
     from bench.common import queue_name
     from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.core.names import Names
     from django_rmq_retry.models import ParkedMessage
-    from django_rmq_retry.names import Names
 
     queue = queue_name("bench_requeue")
     exchange = Names(app_settings.PREFIX).work_exchange
@@ -110,8 +110,8 @@ def rawrequeue(tag: str) -> None:
 
     from bench.common import BROKER_URL
     from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.core.names import Names
     from django_rmq_retry.models import ParkedMessage
-    from django_rmq_retry.names import Names
 
     names = Names(app_settings.PREFIX)
     table = ParkedMessage._meta.db_table

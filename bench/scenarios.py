@@ -266,7 +266,7 @@ def publishing(run: Run) -> list[Row]:
     rounds); the table shows each figure's median over the rounds.
     """
     from bench.benchapp.consumers import pub_topic
-    from django_rmq_retry.names import Names
+    from django_rmq_retry.core.names import Names
 
     single_n = 1_000 if run.quick else 3_000
     batch_n = 20_000 if run.quick else 50_000
@@ -334,8 +334,8 @@ def publishing(run: Run) -> list[Row]:
 # 3. Retry path ---------------------------------------------------------------------------
 def retry(run: Run) -> list[Row]:
     """Failures handled per second, ours and raw, in alternating rounds (median shown)."""
-    from django_rmq_retry import topology
-    from django_rmq_retry.topics import default_registry
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
 
     n = 2_000 if run.quick else 5_000
     rounds = 3
@@ -343,7 +343,7 @@ def retry(run: Run) -> list[Row]:
     raw_q = declare_raw_queue(run, "retry", "bench.rawretry")
     raw_delay = declare_raw_queue(run, "retrydelay", None, **{"x-message-ttl": 600_000})
     delay_queues = [
-        q.name for q in topology.plan(default_registry.all()).queues if ".delay." in q.name
+        q.name for q in current_plan(default_registry.all()).queues if ".delay." in q.name
     ]
     ours_s: list[float] = []
     raw_s: list[float] = []

@@ -5,10 +5,18 @@ Public API::
     from django_rmq_retry import Topic, receiver, Message, Policy, Retry, Reject
 """
 
-from .backoff import Policy
-from .errors import BrokerUnavailable, PublishError, Reject, Retry, TopologyError, UnroutableError
-from .message import Message
-from .topics import Receiver, Topic, receiver
+from .core.backoff import Policy
+from .core.errors import (
+    BrokerUnavailable,
+    PublishError,
+    Reject,
+    Retry,
+    TopologyError,
+    UnroutableError,
+)
+from .core.message import Message
+from .registry import Receiver, receiver
+from .topics import Topic
 
 __all__ = [
     "BrokerUnavailable",

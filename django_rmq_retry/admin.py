@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,89 +32,15 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from . import parking
-from .envelope import is_json_type, parse_content_type
-from .errors import RmqRetryError
+from .core.errors import RmqRetryError
 from .models import ParkedMessage, ParkedStatus, RetryPolicy
-from .topics import default_registry
+from .preview import body_preview
+from .registry import default_registry
 
 logger = logging.getLogger("django_rmq_retry.admin")
 
-#: Bytes of a body shown as text or JSON on the detail page; the rest is cut off.
-BODY_PREVIEW_BYTES = 64 * 1024
-#: Bytes of a binary body shown as a hex dump (a hex dump is ~5x the size of its input).
-HEX_PREVIEW_BYTES = 16 * 1024
 #: Query-string keys of the changelist that are not filters.
 _NOT_FILTERS = frozenset({"p", "o", "e", "_changelist_filters", "_to_field", "_popup"})
-
-
-# --------------------------------------------------------------------------------------------
-# Body rendering (pure; the template escapes what these return)
-
-
-def hex_dump(data: bytes) -> str:
-    """Offset, 16 bytes in hex, and their printable ASCII, one line per 16 bytes."""
-    lines = []
-    for offset in range(0, len(data), 16):
-        chunk = data[offset : offset + 16]
-        hexes = " ".join(f"{b:02x}" for b in chunk)
-        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"{offset:08x}  {hexes:<47}  |{text}|")
-    return "\n".join(lines)
-
-
-def _decode_text(data: bytes, charset: str, truncated: bool) -> str | None:
-    try:
-        return data.decode(charset)
-    except LookupError:
-        return None
-    except UnicodeDecodeError as exc:
-        # A cut in the middle of a multi-byte character is not an encoding error.
-        if truncated and exc.start >= len(data) - 4 and exc.reason.startswith("unexpected end"):
-            return data[: exc.start].decode(charset, errors="strict")
-        return None
-
-
-def _looks_textual(text: str) -> bool:
-    return not any(ord(c) < 32 and c not in "\t\n\r" for c in text)
-
-
-def body_preview(
-    body: bytes,
-    content_type: str = "",
-    content_encoding: str | None = None,
-    *,
-    limit: int = BODY_PREVIEW_BYTES,
-    hex_limit: int = HEX_PREVIEW_BYTES,
-) -> tuple[str, str, int]:
-    """(kind, text, bytes shown) for a body: kind is "json", "text", "hex" or "empty".
-
-    JSON is pretty-printed when the whole body fits in ``limit``; a longer body is shown as
-    text up to ``limit`` bytes; anything that does not decode as text becomes a hex dump of
-    the first ``hex_limit`` bytes. Nothing is ever unpickled or evaluated.
-    """
-    if not body:
-        return "empty", "", 0
-    mime, params = parse_content_type(content_type)
-    charset = params.get("charset") or content_encoding or "utf-8"
-    truncated = len(body) > limit
-    head = body[:limit]
-    text = _decode_text(head, charset, truncated)
-    if text is not None and (
-        mime.startswith("text/") or is_json_type(mime) or _looks_textual(text)
-    ):
-        if not truncated and (is_json_type(mime) or text.lstrip()[:1] in ("{", "[")):
-            try:
-                value = json.loads(text)
-            except (ValueError, RecursionError):
-                pass
-            else:
-                try:
-                    return "json", json.dumps(value, indent=2, ensure_ascii=False), len(body)
-                except (ValueError, RecursionError):
-                    pass
-        return "text", text, len(head)
-    shown = body[:hex_limit]
-    return "hex", hex_dump(shown), len(shown)
 
 
 def _pretty(value: Any) -> str:
@@ -136,10 +63,6 @@ def _breakable(dotted: str) -> SafeString:
     """A dotted path the browser may wrap after each dot (each part escaped)."""
     parts = dotted.split(".")
     return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))
-
-
-class _OutOfTime(Exception):
-    """Raised from the progress callback to stop a requeue at a batch boundary."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,105 +405,23 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         self._log(request, queryset, f"Discarded {count} parked message(s).")
 
     def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
-
-        user = request.user.get_username()
         budget = self.requeue_time_budget
-        started = time.monotonic()
-        state: dict[str, Any] = {"result": None}
-
-        def progress(result: parking.RequeueResult) -> None:
-            state["result"] = result
-            if budget is not None and time.monotonic() - started >= budget:
-                raise _OutOfTime
-
-        stopped = False
+        deadline = None if budget is None else time.monotonic() + budget
         broker_error: str | None = None
         try:
-            result = parking.requeue(queryset, user=user, mode=mode, progress=progress)
-        except _OutOfTime:
-            result = state["result"]
-            stopped = True
+            result = parking.requeue(
+                queryset, user=request.user.get_username(), mode=mode, deadline=deadline
+            )
         except RmqRetryError as exc:
             # The broker went away: confirmed rows are marked, the rest were released.
             logger.exception("requeue from the admin stopped")
-            result = getattr(exc, "result", None) or state["result"] or parking.RequeueResult()
+            result = getattr(exc, "result", None) or parking.RequeueResult()
             broker_error = str(exc)
-
-        topic = mode == parking.MODE_TOPIC
-        n = result.requeued
-        if topic:
-            text = ngettext(
-                "Republished %(count)d message to ALL receivers of its topic.",
-                "Republished %(count)d messages to ALL receivers of their topics.",
-                n,
-            )
-        else:
-            text = ngettext(
-                "Requeued %(count)d message to the receiver it failed in.",
-                "Requeued %(count)d messages to the receivers they failed in.",
-                n,
-            )
-        if n or not (result.failed or broker_error):
-            level = messages.SUCCESS if n else messages.WARNING
-            if not n and not stopped:
-                text = gettext("Nothing was requeued: none of the selected messages is parked.")
-            self.message_user(request, text % {"count": n}, level)
-        if result.failed:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d message could not be published and stays parked: %(errors)s",
-                    "%(count)d messages could not be published and stay parked: %(errors)s",
-                    result.failed,
-                )
-                % {"count": result.failed, "errors": "; ".join(result.errors[:3])},
-                messages.ERROR,
-            )
-        if broker_error:
-            self.message_user(
-                request,
-                _(
-                    "Requeue stopped, the broker is unavailable: %(error)s. Messages not "
-                    "published stay parked; run the action again once the broker is back."
-                )
-                % {"error": broker_error},
-                messages.ERROR,
-            )
-        if result.skipped:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d message was skipped: another requeue is handling it.",
-                    "%(count)d messages were skipped: another requeue is handling them.",
-                    result.skipped,
-                )
-                % {"count": result.skipped},
-                messages.WARNING,
-            )
-        remaining = queryset.filter(status=ParkedStatus.PARKED).count() if stopped else 0
-        stopped = stopped and remaining > 0
-        if stopped:
-            self.message_user(
-                request,
-                ngettext(
-                    "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
-                    "matching message is still parked. Run the action again to continue "
-                    "(nothing is requeued twice), or use manage.py rmq_requeue.",
-                    "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
-                    "matching messages are still parked. Run the action again to continue "
-                    "(nothing is requeued twice), or use manage.py rmq_requeue.",
-                    remaining,
-                )
-                % {"seconds": int(budget or 0), "count": remaining},
-                messages.WARNING,
-            )
-        verb = "Republished to ALL receivers of the topic" if topic else "Requeued"
-        summary = f"{verb}: {n} requeued, {result.failed} failed, {result.skipped} skipped"
-        if stopped:
-            summary += f", stopped by the time budget with {remaining} left"
-        if broker_error:
-            summary += f", stopped: {broker_error}"
-        self._log(request, queryset, summary + ".")
+        remaining = queryset.filter(status=ParkedStatus.PARKED).count() if result.stopped else 0
+        report = _RequeueReport(result, mode == parking.MODE_TOPIC, broker_error, remaining, budget)
+        for level, text in report.messages():
+            self.message_user(request, text, level)
+        self._log(request, queryset, report.summary())
 
     def _log(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], text: str) -> None:
         """One admin-history entry per operator action: who, how many, which selection."""
@@ -601,6 +442,85 @@ class ParkedMessageAdmin(admin.ModelAdmin):
             action_flag=CHANGE,
             change_message=message,
         )
+
+
+@dataclass(frozen=True)
+class _RequeueReport:
+    """What an operator is told after a requeue action, and what the admin log keeps."""
+
+    result: parking.RequeueResult
+    topic: bool  # republished to every receiver of the topic
+    broker_error: str | None
+    remaining: int  # matching rows still parked when the time budget stopped the run
+    budget: float | None
+
+    @property
+    def stopped(self) -> bool:
+        return self.result.stopped and self.remaining > 0
+
+    def messages(self) -> list[tuple[int, str]]:
+        result, n = self.result, self.result.requeued
+        out: list[tuple[int, str]] = []
+        if n or not (result.failed or self.broker_error):
+            if not n and not result.stopped:
+                text = gettext("Nothing was requeued: none of the selected messages is parked.")
+            elif self.topic:
+                text = ngettext(
+                    "Republished %(count)d message to ALL receivers of its topic.",
+                    "Republished %(count)d messages to ALL receivers of their topics.",
+                    n,
+                ) % {"count": n}
+            else:
+                text = ngettext(
+                    "Requeued %(count)d message to the receiver it failed in.",
+                    "Requeued %(count)d messages to the receivers they failed in.",
+                    n,
+                ) % {"count": n}
+            out.append((messages.SUCCESS if n else messages.WARNING, text))
+        if result.failed:
+            text = ngettext(
+                "%(count)d message could not be published and stays parked: %(errors)s",
+                "%(count)d messages could not be published and stay parked: %(errors)s",
+                result.failed,
+            ) % {"count": result.failed, "errors": "; ".join(result.errors[:3])}
+            out.append((messages.ERROR, text))
+        if self.broker_error:
+            text = _(
+                "Requeue stopped, the broker is unavailable: %(error)s. Messages not "
+                "published stay parked; run the action again once the broker is back."
+            ) % {"error": self.broker_error}
+            out.append((messages.ERROR, text))
+        if result.skipped:
+            text = ngettext(
+                "%(count)d message was skipped: another requeue is handling it.",
+                "%(count)d messages were skipped: another requeue is handling them.",
+                result.skipped,
+            ) % {"count": result.skipped}
+            out.append((messages.WARNING, text))
+        if self.stopped:
+            text = ngettext(
+                "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
+                "matching message is still parked. Run the action again to continue "
+                "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                "Stopped after %(seconds)d s to keep this page responsive; %(count)d "
+                "matching messages are still parked. Run the action again to continue "
+                "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                self.remaining,
+            ) % {"seconds": int(self.budget or 0), "count": self.remaining}
+            out.append((messages.WARNING, text))
+        return out
+
+    def summary(self) -> str:
+        result = self.result
+        verb = "Republished to ALL receivers of the topic" if self.topic else "Requeued"
+        text = (
+            f"{verb}: {result.requeued} requeued, {result.failed} failed, {result.skipped} skipped"
+        )
+        if self.stopped:
+            text += f", stopped by the time budget with {self.remaining} left"
+        if self.broker_error:
+            text += f", stopped: {self.broker_error}"
+        return text + "."
 
 
 # --------------------------------------------------------------------------------------------

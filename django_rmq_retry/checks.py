@@ -7,9 +7,9 @@ from urllib.parse import urlsplit
 
 from django.core import checks
 
-from .backoff import Policy
 from .conf import DEFAULTS, RETRY_KEYS, SETTING_NAME, app_settings
-from .delays import DelayLevels
+from .core.backoff import Policy
+from .core.delays import DelayLevels
 
 ID = "django_rmq_retry"
 

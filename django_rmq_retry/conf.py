@@ -8,13 +8,17 @@ Nothing here runs at import time and nothing is written back onto ``django.conf.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver as django_receiver
+
+from .core.delays import DelayLevels
+from .core.names import Names
+from .core.topology import Plan, QueueOwner, plan
 
 SETTING_NAME = "RMQ_RETRY"
 
@@ -117,3 +121,17 @@ app_settings = Settings()
 def _reload(setting: str, **kwargs: Any) -> None:
     if setting == SETTING_NAME:
         app_settings.reload()
+
+
+# The settings read as core values ------------------------------------------------------------
+def current_names() -> Names:
+    return Names(app_settings.PREFIX)
+
+
+def current_levels() -> DelayLevels:
+    return DelayLevels(int(app_settings.DELAY_RESOLUTION_MS), int(app_settings.DELAY_LEVELS))
+
+
+def current_plan(receivers: Iterable[QueueOwner], names: Names | None = None) -> Plan:
+    """The topology for ``receivers`` under the current settings (``names`` overrides the prefix)."""
+    return plan(receivers, names or current_names(), current_levels(), str(app_settings.QUEUE_TYPE))

@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .backoff import Policy, policy_errors
-from .outcome import ParkReason
+from .core.backoff import Policy, policy_errors
+from .core.outcome import ParkReason
 
 #: What operators read for each of the core's park reasons. The values live in
 #: ``outcome.ParkReason`` only (the core stays free of Django); a reason added there

@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 from django.db import DatabaseError
 
-from .backoff import Policy
 from .conf import app_settings
-from .topics import Receiver
+from .core.backoff import Policy
+from .models import RetryPolicy
+from .registry import Receiver
 
 logger = logging.getLogger("django_rmq_retry.policies")
 
@@ -32,8 +33,6 @@ class PolicyCache:
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
-        from .models import RetryPolicy
-
         ttl = float(app_settings.POLICY_CACHE_SECONDS)
         now = self._clock()
         if self._loaded_at is not None and now - self._loaded_at < ttl:

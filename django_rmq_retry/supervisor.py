@@ -28,7 +28,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from .core.backoff import CappedBackoff
+from .stop_signals import on_stop_signals
 
 logger = logging.getLogger("django_rmq_retry.supervisor")
 
@@ -46,7 +48,9 @@ class Slot:
     number: int
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
-    backoff: float = BACKOFF_START
+    backoff: CappedBackoff = field(
+        default_factory=lambda: CappedBackoff(BACKOFF_START, BACKOFF_MAX)
+    )
     restart_at: float | None = None
     restarts: int = 0
     finished: bool = False
@@ -133,17 +137,9 @@ class Supervisor:
         self._forwarded = 0
 
     # Signals ------------------------------------------------------------------------------
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals.append(signum)  # acted upon by the main loop, never here
-
     def install_signal_handlers(self) -> Callable[[], None]:
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-
-        def restore() -> None:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-        return restore
+        """Record SIGTERM/SIGINT; the main loop forwards each to the children."""
+        return on_stop_signals(self._signals.append)
 
     @property
     def stopping(self) -> bool:
@@ -182,8 +178,10 @@ class Supervisor:
             )
             slot.finished = True
             return
-        slot.backoff = BACKOFF_START if lived >= HEALTHY_AFTER else slot.backoff
-        slot.restart_at = time.monotonic() + slot.backoff
+        if lived >= HEALTHY_AFTER:
+            slot.backoff.reset()
+        wait = slot.backoff.next()
+        slot.restart_at = time.monotonic() + wait
         slot.restarts += 1
         logger.error(
             "consumer process %d (pid %d) died after %.1fs (%s); restarting in %.1fs",
@@ -191,9 +189,8 @@ class Supervisor:
             pid,
             lived,
             describe_exit(code),
-            slot.backoff,
+            wait,
         )
-        slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
 
     def _forward(self, signum: int) -> None:
         for slot in self.slots:

@@ -21,10 +21,10 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_rmq_retry import topology
-from django_rmq_retry.names import Names
+from django_rmq_retry.conf import current_plan
+from django_rmq_retry.core.names import Names
 from django_rmq_retry.publishing import reset_publisher
-from django_rmq_retry.topics import default_registry
+from django_rmq_retry.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKER_URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -95,7 +95,7 @@ class Rmq:
             out.append((method, props, body))
 
     def cleanup(self) -> None:
-        plan = topology.plan(default_registry.all(), self.names)
+        plan = current_plan(default_registry.all(), self.names)
         ch = self.ch()
         for q in plan.queues:
             try:

@@ -18,8 +18,9 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from django_rmq_retry.admin import ParkedMessageAdmin, body_preview, hex_dump
+from django_rmq_retry.admin import ParkedMessageAdmin
 from django_rmq_retry.models import ParkedMessage, ParkedStatus, RetryPolicy
+from django_rmq_retry.preview import body_preview, hex_dump
 from tests.testapp.events import work
 
 ALPHA = "tests.testapp.consumers.alpha"

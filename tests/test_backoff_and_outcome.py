@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.backoff import Policy, matches, policy_errors
-from django_rmq_retry.errors import Reject, Retry
-from django_rmq_retry.outcome import Park, ParkReason, RetryLater, decide
+from django_rmq_retry.core.backoff import Policy, matches, policy_errors
+from django_rmq_retry.core.errors import Reject, Retry
+from django_rmq_retry.core.outcome import Park, ParkReason, RetryLater, decide
 
 
 def test_exponential_schedule_is_capped():

@@ -21,7 +21,7 @@ from django.core.management import call_command
 
 from django_rmq_retry import Topic
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from django_rmq_retry.topics import default_registry
+from django_rmq_retry.registry import default_registry
 from testproject.shop.models import Invoice
 from tests.conftest import read_log
 from tests.testapp.consumers import _log

@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.delays import DelayLevels
+from django_rmq_retry.core.delays import DelayLevels
 
 LEVELS = DelayLevels(resolution_ms=100, levels=23)
 

@@ -9,21 +9,17 @@ from decimal import Decimal
 
 import pytest
 
-from django_rmq_retry.envelope import (
+from django_rmq_retry.core.bodies import Undecodable, decode_body
+from django_rmq_retry.core.envelope import (
     MAX_ATTEMPT,
-    Failure,
-    Undecodable,
     clean_headers,
-    decode_body,
-    error_summary,
-    headers_from_json,
-    json_safe_headers,
-    original_route,
-    read_attempt,
+    read_incoming,
     requeue_properties,
     retry_properties,
 )
-from django_rmq_retry.names import Names
+from django_rmq_retry.core.failure import Failure, error_summary
+from django_rmq_retry.core.names import Names
+from django_rmq_retry.parking.rows import headers_from_json, json_safe_headers
 
 N = Names("p")
 
@@ -44,9 +40,9 @@ N = Names("p")
 )
 def test_read_attempt_never_trusts_a_bad_header(value, expected, warns):
     headers = {} if value is None else {"p-attempt": value}
-    attempt, warning = read_attempt(headers, N)
-    assert attempt == expected
-    assert bool(warning) is warns
+    envelope = read_incoming(headers, "p.work", "rk", N)
+    assert envelope.attempt == expected
+    assert bool(envelope.warning) is warns
 
 
 def test_broker_headers_are_dropped():
@@ -161,8 +157,10 @@ def test_requeue_copy_resets_attempts_and_counts_requeues():
 
 def test_original_route_prefers_our_headers():
     h = {"p-original-exchange": "p.work", "p-original-routing-key": "shop.x"}
-    assert original_route(h, "p.delay.00", "0.0.1", N) == ("p.work", "shop.x")
-    assert original_route({}, "p.work", "shop.y", N) == ("p.work", "shop.y")
+    routed = read_incoming(h, "p.delay.00", "0.0.1", N)
+    assert (routed.exchange, routed.routing_key) == ("p.work", "shop.x")
+    direct = read_incoming({}, "p.work", "shop.y", N)
+    assert (direct.exchange, direct.routing_key) == ("p.work", "shop.y")
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_rmq_retry import parking, signals
-from django_rmq_retry.errors import PublishError
+from django_rmq_retry.core.errors import PublishError
+from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedMessage
-from django_rmq_retry.names import Names
 from django_rmq_retry.publishing import get_publisher
 from tests.conftest import read_log
 from tests.testapp.events import work
@@ -412,7 +412,7 @@ def test_discard_and_purge():
 
 
 def test_failure_groups_ignore_the_message_text():
-    from django_rmq_retry.fingerprint import fingerprint, frames_of, library_roots
+    from django_rmq_retry.core.failure import fingerprint, frames_of, library_roots
 
     def find(order_id):
         raise LookupError(f"order {order_id} not found")

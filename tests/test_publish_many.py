@@ -6,13 +6,13 @@ stored every message, and a batch that fails must say exactly which messages wer
 
 from __future__ import annotations
 
-import pika
 import pytest
 from django.core.management import call_command
 
 from django_rmq_retry import PublishError
-from django_rmq_retry.errors import UnroutableError
-from django_rmq_retry.publishing import _BATCH_WINDOW, _BatchItem, get_publisher
+from django_rmq_retry.broker import Outgoing
+from django_rmq_retry.core.errors import UnroutableError
+from django_rmq_retry.publishing import BATCH_WINDOW, get_publisher
 from tests.testapp.events import other, work
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -24,7 +24,7 @@ def _ids(messages) -> list[str]:
 
 def test_batch_larger_than_the_window_is_stored_once_each(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
-    n = _BATCH_WINDOW * 2 + 345  # several windows, the last one partial
+    n = BATCH_WINDOW * 2 + 345  # several windows, the last one partial
     results = work.send_many([{"id": i} for i in range(n)])
     assert len(results) == n
     assert len({r.message_id for r in results}) == n
@@ -71,8 +71,8 @@ def test_unroutable_messages_inside_a_batch_are_the_ones_reported(rmq):
     items = []
     for i in range(40):
         key = "test.other" if i % 3 else "nobody.listens"
-        props = pika.BasicProperties(message_id=f"m{i}", delivery_mode=2)
-        items.append(_BatchItem(exchange, key, b"{}", props))
+        props = {"message_id": f"m{i}", "delivery_mode": 2}
+        items.append(Outgoing(exchange, key, b"{}", props))
     with pytest.raises(UnroutableError) as info, publisher._lock:
         publisher._publish_batch(items)
     unroutable = {f"m{i}" for i in range(40) if i % 3 == 0}

@@ -33,7 +33,7 @@ def starts(log, receiver=None):
 
 
 def delay_queue_depth(rmq) -> int:
-    from django_rmq_retry.topology import current_levels
+    from django_rmq_retry.conf import current_levels
 
     return sum(rmq.depth(rmq.names.delay_queue(k)) for k in range(current_levels().levels))
 

@@ -12,10 +12,10 @@ from django_rmq_retry import Policy, Topic, receiver
 from django_rmq_retry.broker import mask_url
 from django_rmq_retry.checks import check_settings
 from django_rmq_retry.conf import DEFAULTS, app_settings
+from django_rmq_retry.core.outcome import ParkReason
 from django_rmq_retry.models import ParkedMessage
-from django_rmq_retry.outcome import ParkReason
 from django_rmq_retry.publishing import build_properties, encode_body
-from django_rmq_retry.topics import Registry, default_registry
+from django_rmq_retry.registry import Registry, default_registry
 
 
 def test_defaults_are_used_when_unset():

@@ -182,10 +182,10 @@ def procs() -> Iterator[list[Child]]:
 
 def queues_empty(rmq: Any) -> bool:
     """Every receiver, delay and orphan queue of this test's prefix is empty."""
-    from django_rmq_retry import topology
-    from django_rmq_retry.topics import default_registry
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
 
-    plan = topology.plan(default_registry.all(), rmq.names)
+    plan = current_plan(default_registry.all(), rmq.names)
     for q in plan.queues:
         try:
             if rmq.depth(q.name):
@@ -197,11 +197,11 @@ def queues_empty(rmq: Any) -> bool:
 
 def depths(rmq: Any) -> dict[str, int]:
     """Ready messages per non-empty queue of this test's prefix (for failure messages)."""
-    from django_rmq_retry import topology
-    from django_rmq_retry.topics import default_registry
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
 
     out = {}
-    for q in topology.plan(default_registry.all(), rmq.names).queues:
+    for q in current_plan(default_registry.all(), rmq.names).queues:
         try:
             n = rmq.depth(q.name)
         except Exception as exc:

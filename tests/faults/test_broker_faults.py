@@ -17,11 +17,12 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_rmq_retry import parking, topology
-from django_rmq_retry.errors import PublishError
+from django_rmq_retry import parking
+from django_rmq_retry.conf import current_plan
+from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
-from django_rmq_retry.topics import default_registry
+from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL, _broker_reachable, wait_for
 from tests.faults.conftest import Tally, depths, record, settle, spawn, stop
 from tests.testapp.events import other, work
@@ -53,7 +54,7 @@ def broker_stopped() -> Iterator[None]:
 
 
 def delay_depth(rmq) -> int:
-    plan = topology.plan(default_registry.all(), rmq.names)
+    plan = current_plan(default_registry.all(), rmq.names)
     total = 0
     for q in plan.queues:
         if ".delay." in q.name:

@@ -20,7 +20,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from django_rmq_retry.errors import PublishError
+from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.publishing import Publisher
 from tests.conftest import ROOT, read_log, subprocess_env, wait_for
 from tests.faults.conftest import record, spawn, stop
@@ -215,7 +215,7 @@ def test_amqps_against_a_local_certificate(rmq, tls_broker):
     from django.conf import settings
 
     from django_rmq_retry import broker
-    from django_rmq_retry.errors import BrokerUnavailable
+    from django_rmq_retry.core.errors import BrokerUnavailable
     from django_rmq_retry.publishing import reset_publisher
 
     port, d = tls_broker

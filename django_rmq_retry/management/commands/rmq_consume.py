@@ -6,16 +6,17 @@ import logging
 import os
 import signal
 import sys
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rmq_retry import broker, topology
-from django_rmq_retry.conf import app_settings
-from django_rmq_retry.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry import broker
+from django_rmq_retry.conf import app_settings, current_levels, current_names, current_plan
+from django_rmq_retry.consumer import Consumer
+from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.policies import policy_cache
-from django_rmq_retry.topics import Receiver, default_registry
+from django_rmq_retry.registry import Receiver, default_registry
+from django_rmq_retry.stop_signals import on_stop_signals
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -83,8 +84,6 @@ class Command(BaseCommand):
         if options["processes"] > 1:
             self._supervise(options)
             return
-        from django_rmq_retry.consumer import Consumer
-
         consumer = Consumer(
             receivers,
             prefetch=options["prefetch"],
@@ -127,11 +126,7 @@ class Command(BaseCommand):
             options["processes"],
             env=supervisor.child_environment(),
         )
-        restore = (
-            sup.install_signal_handlers()
-            if threading.current_thread() is threading.main_thread()
-            else (lambda: None)
-        )
+        restore = sup.install_signal_handlers()
         try:
             code = sup.run()
         finally:
@@ -171,7 +166,7 @@ class Command(BaseCommand):
         except BrokerUnavailable as exc:
             raise CommandError(str(exc)) from None
         try:
-            topology.declare(conn.channel(), topology.plan(receivers))
+            conn.channel().declare(current_plan(receivers))
         except TopologyError as exc:
             raise CommandError(str(exc)) from None
         finally:
@@ -181,8 +176,8 @@ class Command(BaseCommand):
         )
 
     def _list(self, receivers: list[Receiver]) -> None:
-        names = topology.current_names()
-        levels = topology.current_levels()
+        names = current_names()
+        levels = current_levels()
         out = self.stdout
         out.write(f"Broker:        {broker.mask_url(app_settings.BROKER_URL)}")
         out.write(f"Work exchange: {names.work_exchange} (topic)")
@@ -217,13 +212,11 @@ class Command(BaseCommand):
             f"unroutable → {names.orphan_exchange} → {names.orphan_queue} (parked)"
         )
 
-    def _install_signal_handlers(self, consumer: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
+    def _install_signal_handlers(self, consumer: Consumer) -> Any:
         received: list[int] = []
         log = logging.getLogger("django_rmq_retry.consumer")
 
-        def handler(signum: int, frame: Any) -> None:
+        def handler(signum: int) -> None:
             received.append(signum)
             if len(received) == 1:
                 consumer.request_stop()  # warm: finish in-flight work, then exit 0
@@ -234,10 +227,4 @@ class Command(BaseCommand):
                 )
                 os._exit(128 + signum)
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-
-        def restore() -> None:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-        return restore
+        return on_stop_signals(handler)

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import parking
-from django_rmq_retry.cli import parse_duration
+from django_rmq_retry.management.filters import parse_duration
 from django_rmq_retry.models import ParkedStatus
 
 

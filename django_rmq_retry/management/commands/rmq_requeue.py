@@ -8,7 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import parking
-from django_rmq_retry.cli import add_filter_arguments, filtered_queryset
+from django_rmq_retry.core.errors import PublishError
+from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
 
 
 class Command(BaseCommand):
@@ -63,7 +64,7 @@ class Command(BaseCommand):
                 batch_size=options["batch_size"],
                 progress=progress,
             )
-        except parking.PublishError as exc:
+        except PublishError as exc:
             raise CommandError(f"{exc}. Nothing claimed is lost: run the command again.") from None
         finally:
             if show:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .names import Names
+
 
 @dataclass(frozen=True)
 class DelayPlan:
@@ -68,3 +70,28 @@ class DelayLevels:
         words = ["*"] * self.levels
         words[self.levels - 1 - level] = bit
         return ".".join(words)
+
+
+@dataclass(frozen=True)
+class RetryRoute:
+    """Where a retry copy is published, and when it will come back."""
+
+    exchange: str
+    routing_key: str
+    delay_ms: int  # the delay as the levels hold it (rounded to the resolution, clamped)
+    due_ms: int  # epoch milliseconds when the copy reaches its receiver queue again
+
+
+def route(levels: DelayLevels, names: Names, delay_s: float, now_ms: int) -> RetryRoute:
+    """The route of a retry copy that must wait ``delay_s`` seconds, published at ``now_ms``.
+
+    A copy with no wait skips the levels and goes straight to the deliver exchange.
+    """
+    plan = levels.plan(delay_s * 1000)
+    delay_ms = plan.units * levels.resolution_ms
+    exchange = (
+        names.delay_exchange(plan.first_level)
+        if plan.first_level is not None
+        else names.deliver_exchange
+    )
+    return RetryRoute(exchange, plan.routing_key, delay_ms, now_ms + delay_ms)

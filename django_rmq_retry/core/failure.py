@@ -1,8 +1,10 @@
-"""Failure groups: exception class plus the first frame in the project's own code.
+"""What went wrong, as text: error type and message for headers, traceback and failure group
+for the parked row. Pure: standard library only.
 
-Pure: standard library only. The message text is left out on purpose so that "order 17 not
-found" and "order 18 not found" land in one group, and line numbers are left out so a deploy
-that shifts code does not split a group.
+The failure group (fingerprint) is the exception class plus the first frame in the project's
+own code. The message text is left out on purpose so that "order 17 not found" and "order
+18 not found" land in one group, and line numbers are left out so a deploy that shifts code
+does not split a group.
 """
 
 from __future__ import annotations
@@ -12,9 +14,54 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What went wrong on one attempt, as it will be written into headers."""
+
+    error_type: str
+    error_message: str
+    at: datetime
+
+
+def error_type_name(exc: BaseException) -> str:
+    klass = type(exc)
+    if klass.__module__ == "builtins":
+        return klass.__qualname__
+    return f"{klass.__module__}.{klass.__qualname__}"
+
+
+def error_summary(exc: BaseException, limit: int) -> str:
+    """One line: the exception's message, truncated. Never a traceback."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break the retry path
+        text = f"<unprintable {type(exc).__name__}>"
+    text = " ".join(text.split())
+    return truncate(text, limit)
+
+
+def truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + "…"
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The formatted traceback, for the parked row.
+
+    ``lookup_lines=False``: source lines are read when formatted, from linecache, with no
+    ``stat()`` of every file of the stack first (a tenth of a parked message's cost).
+    """
+    return "".join(
+        traceback.TracebackException(type(exc), exc, exc.__traceback__, lookup_lines=False).format()
+    )
 
 
 def library_roots() -> tuple[str, ...]:

@@ -24,9 +24,10 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from .names import Names
-from .parking import ParkRequest, park, park_many, stripped_request
-from .threads import start_daemon
+from ..core.backoff import CappedBackoff
+from ..core.names import Names
+from ..parking import ParkRequest, park, park_many, stripped_request
+from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -52,7 +53,7 @@ class ParkWriter:
         names: Names,
         *,
         on_done: Callable[[Any, bool], None],
-        on_stored: Callable[[list[str]], None],
+        on_stored: Callable[[list[str | None]], None],
         is_current: Callable[[Any], bool],
         stop: threading.Event,
         max_batch: int = MAX_BATCH,
@@ -104,7 +105,7 @@ class ParkWriter:
                 close_old_connections()
 
     def _write(self, batch: list[ParkJob]) -> None:
-        delay = 0.5
+        backoff = CappedBackoff(0.5, 10.0)
         logged = False
         while True:
             batch = [job for job in batch if self._is_current(job.token)]
@@ -136,72 +137,71 @@ class ParkWriter:
                         logger.warning(job.log_line)
                     self._on_done(job.token, ok)
                 return
-            if self._stop.wait(delay):
+            if self._stop.wait(backoff.next()):
                 for job in batch:
                     self._on_done(job.token, False)  # shutting down: back to the queue
                 return
-            delay = min(delay * 2, 10.0)
 
     def _park(self, batch: Sequence[ParkJob]) -> list[bool]:
-        """Commit the batch; per job, whether its row is stored.
-
-        Raises ``DatabaseError`` only while the database does not answer (an outage: the
-        caller holds the batch and retries). A database that answers but refuses the
-        batch refused something in one request: row by row then, so that one does not hold
-        up the others, and a row it still refuses is stored stripped
-        (:func:`parking.stripped_request`) rather than retried for ever.
-        """
-        try:
-            park_many([job.request for job in batch], names=self._names)
-            stored = [True] * len(batch)
-        except DatabaseError as exc:
-            if not _database_answers():
-                raise
-            logger.warning("the database refused a batch of %d park(s): %s", len(batch), exc)
-            stored = [self._park_one(job) for job in batch]
-        except Exception:
-            logger.exception("internal error parking a batch of %d; row by row", len(batch))
-            stored = [self._park_one(job) for job in batch]
-        keys = [
-            job.start_key for job, ok in zip(batch, stored, strict=True) if ok and job.start_key
-        ]
-        if keys:
-            self._on_stored(keys)  # the delivery-limit rows of what is now parked
+        stored = store([job.request for job in batch], self._names)
+        keys = [job.start_key for job, ok in zip(batch, stored, strict=True) if ok]
+        self._on_stored(keys)  # the delivery-limit rows of what is now parked
         return stored
 
-    def _park_one(self, job: ParkJob) -> bool:
-        req = job.request
-        try:
-            park(req, names=self._names)
-            return True
-        except DatabaseError as exc:
-            if not _database_answers():
-                raise
-            refusal: BaseException = exc
-        except Exception as exc:  # a bug of ours with this request's data
-            logger.exception(
-                "cannot park message %s of %s", req.properties.get("message_id"), req.receiver
-            )
-            refusal = exc
-        try:
-            park(stripped_request(req, refusal), names=self._names)
-        except DatabaseError:
-            if not _database_answers():
-                raise
-            logger.exception(
-                "cannot park message %s of %s even stripped; releasing it",
-                req.properties.get("message_id"),
-                req.receiver,
-            )
-            return False
-        logger.error(
-            "parked message %s of %s without its headers and properties: the database "
-            "refused them (%s)",
+
+def store(requests: Sequence[ParkRequest], names: Names) -> list[bool]:
+    """Commit the rows of ``requests``; per request, whether its row is stored.
+
+    Raises ``DatabaseError`` only while the database does not answer (an outage: the
+    caller holds the batch and retries). A database that answers but refuses the batch
+    refused something in one request: row by row then, so that one does not hold up the
+    others, and a row it still refuses is stored stripped (:func:`parking.stripped_request`)
+    rather than retried for ever.
+    """
+    try:
+        park_many(requests, names=names)
+        return [True] * len(requests)
+    except DatabaseError as exc:
+        if not _database_answers():
+            raise
+        logger.warning("the database refused a batch of %d park(s): %s", len(requests), exc)
+    except Exception:
+        logger.exception("internal error parking a batch of %d; row by row", len(requests))
+    return [_store_one(req, names) for req in requests]
+
+
+def _store_one(req: ParkRequest, names: Names) -> bool:
+    try:
+        park(req, names=names)
+        return True
+    except DatabaseError as exc:
+        if not _database_answers():
+            raise
+        refusal: BaseException = exc
+    except Exception as exc:  # a bug of ours with this request's data
+        logger.exception(
+            "cannot park message %s of %s", req.properties.get("message_id"), req.receiver
+        )
+        refusal = exc
+    try:
+        park(stripped_request(req, refusal), names=names)
+    except DatabaseError:
+        if not _database_answers():
+            raise
+        logger.exception(
+            "cannot park message %s of %s even stripped; releasing it",
             req.properties.get("message_id"),
             req.receiver,
-            " ".join(str(refusal).split())[:200],
         )
-        return True
+        return False
+    logger.error(
+        "parked message %s of %s without its headers and properties: the database "
+        "refused them (%s)",
+        req.properties.get("message_id"),
+        req.receiver,
+        " ".join(str(refusal).split())[:200],
+    )
+    return True
 
 
 def _database_answers() -> bool:

@@ -1,5 +1,9 @@
 """Retry policy and the backoff maths. Pure: standard library only.
 
+Two kinds of waiting live here: a receiver's :class:`Policy` (the delays between attempts of
+one message, jittered) and :class:`CappedBackoff` (how long our own loops wait before trying
+again: reconnecting, writing parked rows through a database outage, restarting a dead child).
+
 Delays (seconds) for the retry that follows failed attempt ``n`` (1-based)::
 
     base(n)  = min(max_delay, initial_delay * multiplier ** (n - 1))
@@ -112,3 +116,29 @@ def matches(exc: BaseException, classes: Iterable[Any]) -> bool:
         elif isinstance(item, type) and isinstance(exc, item):
             return True
     return False
+
+
+@dataclass
+class CappedBackoff:
+    """Waits that start at ``start`` seconds and double up to ``cap``; :meth:`reset` starts over.
+
+    The one backoff of every loop of ours that tries again (consumer reconnects, the parking
+    thread during a database outage, the supervisor restarting a child), so none of them
+    hammers what is down and each recovers at once when it is back.
+    """
+
+    start: float = 0.5
+    cap: float = 30.0
+    current: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.current = self.start
+
+    def next(self) -> float:
+        """The wait before this try; the one after doubles (capped)."""
+        wait = self.current
+        self.current = min(self.cap, self.current * 2)
+        return wait
+
+    def reset(self) -> None:
+        self.current = self.start

@@ -1,12 +1,17 @@
-"""What to do with a delivery whose receiver raised. Pure: standard library only."""
+"""What to do with a delivery: before its receiver runs (:func:`triage`) and after it raised
+(:func:`decide`). Pure: standard library only."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from .backoff import Policy, matches
+from .bodies import Undecodable, decode_body
+from .envelope import Envelope
 from .errors import Reject, Retry
 
 
@@ -67,3 +72,43 @@ def decide(
     if max_delay is not None:
         delay = min(delay, max_delay)
     return RetryLater(delay=max(0.0, delay), next_attempt=attempt + 1)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Hand the decoded body to the receiver."""
+
+    body: Any
+
+
+def triage(
+    envelope: Envelope,
+    body: bytes,
+    properties: Mapping[str, Any],
+    *,
+    orphaned: bool = False,
+    over_limit: Park | None = None,
+) -> Run | Park:
+    """Run the receiver, or park the delivery before it runs, and why.
+
+    In order: a retry whose receiver queue vanished (it arrived on the orphans queue), a
+    message that kept killing the consumer (``over_limit``, from the delivery-limit count),
+    a header table the AMQP client could not decode, a body that does not decode as its
+    content type says.
+    """
+    if orphaned:
+        return Park(
+            ParkReason.ORPHANED,
+            f"receiver queue {envelope.target or '?'!r} did not exist when the message was due",
+        )
+    if over_limit is not None:
+        return over_limit
+    if envelope.undecodable is not None:
+        return Park(ParkReason.UNDECODABLE, f"{envelope.undecodable}; the headers were dropped")
+    try:
+        decoded = decode_body(
+            body, properties.get("content_type"), properties.get("content_encoding")
+        )
+    except Undecodable as exc:
+        return Park(ParkReason.UNDECODABLE, str(exc))
+    return Run(decoded)

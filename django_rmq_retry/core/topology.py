@@ -1,4 +1,4 @@
-"""Declare every exchange, queue and binding we own. Idempotent; safe on every start.
+"""Every exchange, queue and binding we own, computed without touching the broker. Pure.
 
 The shape (prefix ``p``, N delay levels)::
 
@@ -7,23 +7,30 @@ The shape (prefix ``p``, N delay levels)::
                                     ─bit K=0─► exchange p.delay.K-1 ... ─► p.deliver
     p.deliver (headers, match on p-target = queue name) ─► exactly one receiver queue
               └─ alternate exchange p.orphans (fanout) ─► queue p.orphans (parked by consumers)
+
+``broker.topology.declare`` puts a :class:`Plan` on a real broker, ``testing`` into its
+in-memory one, and ``rmq_consume --list`` prints it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import pika.exceptions as pex
-from pika.adapters.blocking_connection import BlockingChannel
-from pika.exchange_type import ExchangeType
-
-from .conf import app_settings
 from .delays import DelayLevels
-from .errors import TopologyError
 from .names import Names
-from .topics import Receiver
+
+
+class QueueOwner(Protocol):
+    """What a plan needs of a receiver (``registry.Receiver`` is one)."""
+
+    name: str
+
+    @property
+    def routing_keys(self) -> list[str]: ...
+
+    def queue_name(self, prefix: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -43,19 +50,11 @@ class QueueSpec:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything to declare, computed without touching the broker (also used by --list)."""
+    """Everything to declare."""
 
-    exchanges: list[tuple[str, str, dict[str, Any]]]
+    exchanges: list[tuple[str, str, dict[str, Any]]]  # name, type, arguments
     exchange_bindings: list[tuple[str, str, str]]  # destination, source, routing key
     queues: list[QueueSpec]
-
-
-def current_names() -> Names:
-    return Names(app_settings.PREFIX)
-
-
-def current_levels() -> DelayLevels:
-    return DelayLevels(int(app_settings.DELAY_RESOLUTION_MS), int(app_settings.DELAY_LEVELS))
 
 
 def _queue_args(queue_type: str) -> dict[str, Any]:
@@ -65,14 +64,8 @@ def _queue_args(queue_type: str) -> dict[str, Any]:
 
 
 def plan(
-    receivers: Iterable[Receiver],
-    names: Names | None = None,
-    levels: DelayLevels | None = None,
-    queue_type: str | None = None,
+    receivers: Iterable[QueueOwner], names: Names, levels: DelayLevels, queue_type: str
 ) -> Plan:
-    names = names or current_names()
-    levels = levels or current_levels()
-    queue_type = queue_type or app_settings.QUEUE_TYPE
     exchanges: list[tuple[str, str, dict[str, Any]]] = [
         (names.work_exchange, "topic", {}),
         (names.orphan_exchange, "fanout", {}),
@@ -118,34 +111,3 @@ def plan(
         )
         queues.append(QueueSpec(qname, _queue_args(queue_type), bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)
-
-
-def declare(channel: BlockingChannel, the_plan: Plan) -> None:
-    """Declare ``the_plan`` on ``channel``; a mismatch raises :class:`TopologyError`.
-
-    A failed declare closes the channel (AMQP rules), so the caller must drop it.
-    """
-    current = ""
-    try:
-        for name, kind, args in the_plan.exchanges:
-            current = f"exchange {name!r}"
-            channel.exchange_declare(name, ExchangeType(kind), durable=True, arguments=args or None)
-        for destination, source, key in the_plan.exchange_bindings:
-            current = f"binding {source!r} → {destination!r}"
-            channel.exchange_bind(destination, source, routing_key=key)
-        for q in the_plan.queues:
-            current = f"queue {q.name!r}"
-            channel.queue_declare(q.name, durable=True, arguments=q.arguments or None)
-            for b in q.bindings:
-                channel.queue_bind(
-                    q.name, b.source, routing_key=b.routing_key, arguments=b.arguments
-                )
-    except pex.ChannelClosedByBroker as exc:
-        if exc.reply_code == 406:
-            raise TopologyError(
-                f"{current} already exists with different arguments: {exc.reply_text}. "
-                "Delete it (it will be declared again) or make the settings match."
-            ) from exc
-        raise TopologyError(
-            f"declaring {current} failed: {exc.reply_code} {exc.reply_text}"
-        ) from exc

@@ -42,3 +42,24 @@ class UnroutableError(PublishError):
 
 class TopologyError(RmqRetryError):
     """Declaring our exchanges/queues failed, e.g. a queue exists with other arguments."""
+
+
+class AccessRefused(BrokerUnavailable):
+    """The broker refused our login or the virtual host: retrying will not help."""
+
+
+class ConnectionLost(RmqRetryError):
+    """The connection (or a channel of it) is gone mid-use; a new one may work."""
+
+
+class ChannelClosed(ConnectionLost):
+    """The broker closed a channel with a reply code (404 no such exchange, 406, ...)."""
+
+    def __init__(self, reply_code: int, reply_text: str) -> None:
+        super().__init__(f"{reply_code} {reply_text}")
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+class NackedError(PublishError):
+    """The broker refused (nacked) a message."""

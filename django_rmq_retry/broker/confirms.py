@@ -1,0 +1,286 @@
+"""Publishing with many confirms in flight: one confirm tracker for retry copies, batches
+(``Topic.send_many``) and requeues.
+
+``BlockingChannel.basic_publish`` waits for each confirm before returning: one round trip per
+message. :class:`ConfirmChannel` puts pika's underlying channel in confirm mode with our own
+callbacks, so ``publish`` returns at once and ``on_settled(acked, returned)`` runs inside the
+connection's I/O loop once the broker answered. :class:`Pipeline` drives a batch through one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import ConnectionLost
+from .connection import Connection, to_pika
+from .errors import LOST, describe
+
+logger = logging.getLogger("django_rmq_retry.broker")
+
+#: Seconds without any confirm after which a batch gives up (the messages count as failed).
+STALL_TIMEOUT = 30.0
+#: Messages of a batch written between two runs of the I/O loop (which sends them).
+FLUSH_EVERY = 100
+
+
+class ConfirmChannel:
+    """A confirm-mode channel whose publishes do not wait for their confirm.
+
+    The broker sends ``basic.return`` for an unroutable mandatory message before its
+    ``basic.ack``, so a return marks the oldest unconfirmed message with the same id,
+    route and body (message ids alone are not unique: a requeue of rows copied from one
+    message, a careless publisher). If the channel closes, ``broken`` says why and
+    pending callbacks never fire: the owner drops the connection, and what waited on
+    them is redelivered or published again.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        try:
+            # pika has no public handle on a blocking channel's asynchronous twin.
+            self.impl = connection.raw.channel()._impl  # type: ignore[attr-defined]
+        except LOST as exc:
+            raise ConnectionLost(describe(exc)) from exc
+        self.next_tag = 1
+        self.pending: dict[int, _Pending] = {}  # insertion order == tag order
+        self._by_message: dict[Any, list[int]] = {}
+        self.broken: BaseException | None = None
+        self.on_broken: Callable[[], None] | None = None
+        self.ready = False
+        self.impl.add_on_return_callback(self._on_return)
+        self.impl.add_on_close_callback(self._on_close)
+        # No need to wait for confirm.select-ok before publishing: the broker handles it
+        # before any later publish on this channel, so delivery tags still start at 1.
+        self.impl.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self._set_ready()
+        )
+
+    @property
+    def broken_reason(self) -> str | None:
+        return None if self.broken is None else describe(self.broken)
+
+    def _set_ready(self) -> None:
+        self.ready = True
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: Mapping[str, Any],
+        on_settled: Callable[[bool, bool], None],
+    ) -> None:
+        if self.broken is not None:
+            raise ConnectionLost(f"confirm channel closed: {describe(self.broken)}")
+        tag = self.next_tag
+        self.next_tag += 1
+        message_id = properties.get("message_id")
+        self.pending[tag] = _Pending(on_settled, message_id, exchange, routing_key, body)
+        self._by_message.setdefault(message_id, []).append(tag)
+        try:
+            self.impl.basic_publish(
+                exchange, routing_key, body, to_pika(properties), mandatory=True
+            )
+        except LOST as exc:
+            raise ConnectionLost(describe(exc)) from exc
+
+    def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        for tag in self._by_message.get(properties.message_id, ()):
+            entry = self.pending.get(tag)
+            if (
+                entry is not None
+                and not entry.returned
+                and entry.exchange == method.exchange
+                and entry.routing_key == method.routing_key
+                and entry.body == body
+            ):
+                entry.returned = True
+                return
+        logger.error("a returned message (id %r) matches no pending publish", properties.message_id)
+
+    def _on_close(self, _channel: Any, reason: BaseException) -> None:
+        self.broken = reason
+        if self.on_broken is not None:
+            self.on_broken()
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        if method.multiple:
+            tags = []
+            for tag in self.pending:
+                if tag > method.delivery_tag:
+                    break
+                tags.append(tag)
+        else:
+            tags = [method.delivery_tag] if method.delivery_tag in self.pending else []
+        acked = method.NAME == "Basic.Ack"
+        for tag in tags:
+            entry = self.pending.pop(tag)
+            same = self._by_message.get(entry.message_id)
+            if same is not None:
+                same.remove(tag)
+                if not same:
+                    del self._by_message[entry.message_id]
+            entry.on_settled(acked, entry.returned)
+
+
+@dataclass(slots=True)
+class _Pending:
+    on_settled: Callable[[bool, bool], None]
+    message_id: Any
+    exchange: str
+    routing_key: str
+    body: bytes
+    returned: bool = False
+
+
+def settled_reason(acked: bool, returned: bool) -> str:
+    """Why a publish did not count as stored ("" if it did)."""
+    if acked and not returned:
+        return ""
+    return "returned as unroutable" if returned else "nacked by the broker"
+
+
+class Outgoing:
+    """One message of a batch and what the broker said about it."""
+
+    __slots__ = ("body", "exchange", "properties", "returned", "routing_key", "state")
+
+    def __init__(
+        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+    ) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.body = body
+        self.properties = properties
+        self.state = ""  # "" unsent/unknown, "ack", "nack"
+        self.returned = False
+
+    @property
+    def message_id(self) -> Any:
+        return self.properties.get("message_id")
+
+    @property
+    def confirmed(self) -> bool:
+        """Acked by the broker and not returned: stored in at least one queue."""
+        return self.state == "ack" and not self.returned
+
+    @property
+    def nacked(self) -> bool:
+        return self.state == "nack"
+
+
+@dataclass
+class BatchOutcome:
+    channel_error: str | None = None  # why the channel closed, if it did
+    timed_out: bool = False
+
+
+class Pipeline:
+    """Publishes batches on a :class:`ConfirmChannel`, many confirms in flight.
+
+    Messages are written back to back and the connection's I/O loop is pumped until at most
+    a window's worth are unconfirmed, then until every one is acked or nacked. Raises
+    ``ConnectionLost`` when the connection dies; a channel the broker closed (no such
+    exchange) is reported in the outcome instead, and the pipeline is then unusable.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.channel = ConfirmChannel(connection)
+        self.channel.on_broken = self._wake
+        self.wake_at: int = -1  # wake the I/O loop once this few are unconfirmed
+        self._woken = False
+        deadline = time.monotonic() + STALL_TIMEOUT
+        while not self.channel.ready:
+            if self.channel.broken is not None:
+                raise ConnectionLost(f"confirm.select failed: {self.channel.broken_reason}")
+            if time.monotonic() > deadline:
+                raise ConnectionLost("no confirm.select-ok from the broker")
+            self._pump(0.05)
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self.channel.pending)
+
+    def usable(self, connection: Connection) -> bool:
+        return (
+            connection is self.connection
+            and self.channel.broken is None
+            and self.channel.impl.is_open
+            and not self.channel.pending
+        )
+
+    # Callbacks (run inside the connection's I/O loop) ------------------------------------
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            self.connection.raw.call_later(0, _noop)
+
+    def _settle(self, item: Outgoing, acked: bool, returned: bool) -> None:
+        item.state = "ack" if acked else "nack"
+        item.returned = returned
+        if self.unconfirmed <= self.wake_at:
+            self._wake()
+
+    # Driving -----------------------------------------------------------------------------
+    def _pump(self, seconds: float) -> None:
+        self._woken = False
+        self.connection.pump(seconds)
+
+    def _wait_until(self, at_most: int) -> bool:
+        """Pump I/O until at most ``at_most`` messages are unconfirmed; False on a stall."""
+        last = self.unconfirmed
+        deadline = time.monotonic() + STALL_TIMEOUT
+        while self.unconfirmed > at_most and self.channel.broken is None:
+            self.wake_at = at_most
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._pump(min(remaining, 1.0))
+            if self.unconfirmed < last:  # progress: the stall clock starts over
+                last = self.unconfirmed
+                deadline = time.monotonic() + STALL_TIMEOUT
+        self.wake_at = -1
+        return True
+
+    def run(self, items: Sequence[Outgoing], todo: list[int], window: int) -> BatchOutcome:
+        outcome = BatchOutcome()
+        low = window // 2
+        for sent, index in enumerate(todo, 1):
+            if self.unconfirmed >= window and not self._wait_until(low):
+                outcome.timed_out = True
+                return outcome
+            if self.channel.broken is not None:
+                break
+            item = items[index]
+            item.state = ""
+            item.returned = False
+            self.channel.publish(
+                item.exchange,
+                item.routing_key,
+                item.body,
+                item.properties,
+                functools.partial(self._settle, item),
+            )
+            if sent % FLUSH_EVERY == 0:
+                # Frames wait in pika's buffer until the I/O loop runs: hand them to the
+                # socket (and take in confirms) while the next ones are marshalled.
+                self._pump(0)
+        if self.channel.broken is None and not self._wait_until(0):
+            outcome.timed_out = True
+        if self.channel.broken is not None:
+            outcome.channel_error = self.channel.broken_reason
+        return outcome
+
+
+def _noop() -> None:
+    """Timer callback whose only job is to make ``process_data_events`` return."""
+
+
+__all__ = ["BatchOutcome", "ConfirmChannel", "Outgoing", "Pipeline", "settled_reason"]

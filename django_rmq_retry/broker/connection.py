@@ -1,0 +1,202 @@
+"""Connections and channels: pika's blocking connection behind a small surface of ours.
+
+A :class:`Connection` belongs to the thread that opened it (pika's rule); other threads only
+hand it work with :meth:`Connection.call_threadsafe`. Every call translates pika's errors
+into ours (``broker.errors``), and deliveries reach the caller as plain values, so nothing
+outside this package ever sees a pika object.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+import pika.exceptions as pex
+
+from ..conf import app_settings
+from ..core.envelope import PROPERTY_NAMES
+from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
+from ..core.topology import Plan
+from . import headerguard
+from .errors import LOST, describe, translated
+from .topology import declare
+
+logger = logging.getLogger("django_rmq_retry.broker")
+
+headerguard.install()
+
+#: ``on_message(delivery_tag, exchange, routing_key, redelivered, properties, body)``
+OnMessage = Callable[[int, str, str, bool, dict[str, Any], bytes], None]
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe for logs and pages)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLParameters:
+    url = url or app_settings.BROKER_URL
+    params = pika.URLParameters(url)
+    params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
+    params.blocked_connection_timeout = float(
+        overrides.get("blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT)
+    )
+    timeout = float(app_settings.CONNECT_TIMEOUT)
+    params.socket_timeout = timeout
+    params.stack_timeout = timeout * 2
+    params.connection_attempts = 1
+    params.client_properties = {"connection_name": overrides.get("name", "django-rmq-retry")}
+    if urlsplit(url).scheme == "amqps":
+        context = ssl.create_default_context(cafile=app_settings.TLS_CA_FILE)
+        if app_settings.TLS_CERT_FILE:
+            context.load_cert_chain(app_settings.TLS_CERT_FILE, app_settings.TLS_KEY_FILE)
+        params.ssl_options = pika.SSLOptions(context, server_hostname=urlsplit(url).hostname)
+    return params
+
+
+def connect(url: str | None = None, **overrides: Any) -> Connection:
+    """A connection, or :class:`BrokerUnavailable` with one readable line (no password)."""
+    url = url or app_settings.BROKER_URL
+    try:
+        return Connection(pika.BlockingConnection(connection_parameters(url, **overrides)))
+    except pex.ProbableAuthenticationError as exc:
+        raise AccessRefused(
+            f"RabbitMQ at {mask_url(url)} refused the login (check user and password)"
+        ) from exc
+    except pex.ProbableAccessDeniedError as exc:
+        raise AccessRefused(
+            f"RabbitMQ at {mask_url(url)} denied access to the virtual host"
+        ) from exc
+    except (pex.AMQPConnectionError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"cannot reach RabbitMQ at {mask_url(url)}: {describe(exc)}"
+        ) from exc
+
+
+def to_pika(properties: Mapping[str, Any]) -> pika.BasicProperties:
+    return pika.BasicProperties(**{k: properties.get(k) for k in PROPERTY_NAMES})
+
+
+def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
+    return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}
+
+
+class Connection:
+    """One AMQP connection. Closing it never raises."""
+
+    def __init__(self, raw: pika.BlockingConnection) -> None:
+        self.raw = raw
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self.raw.is_open)
+
+    def channel(self) -> Channel:
+        with translated():
+            return Channel(self.raw.channel())
+
+    def pump(self, seconds: float) -> None:
+        """Run the I/O loop (and every callback due) for up to ``seconds``."""
+        try:
+            self.raw.process_data_events(time_limit=seconds)  # type: ignore[arg-type]
+        except LOST as exc:
+            raise ConnectionLost(describe(exc)) from exc
+
+    def call_threadsafe(self, callback: Callable[[], None]) -> None:
+        """From any thread: run ``callback`` on the connection's thread, in its I/O loop."""
+        try:
+            self.raw.add_callback_threadsafe(callback)
+        except LOST as exc:
+            raise ConnectionLost(describe(exc)) from exc
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """On the connection's thread: run ``callback`` from the I/O loop after ``delay``."""
+        with translated():
+            self.raw.call_later(delay, callback)
+
+    def close(self) -> None:
+        """Close if still open; a connection that is already broken is only forgotten."""
+        try:
+            if self.raw.is_open:
+                self.raw.close()
+        except Exception:  # already dead: nothing to clean
+            logger.debug("closing a broken connection failed", exc_info=True)
+
+
+class Channel:
+    """A channel of a :class:`Connection`: declare, consume, settle, publish."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self.raw.is_open)
+
+    def declare(self, the_plan: Plan) -> None:
+        """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""
+        with translated():
+            declare(self.raw, the_plan)
+
+    def qos(self, prefetch: int) -> None:
+        with translated():
+            self.raw.basic_qos(prefetch_count=prefetch)
+
+    def confirm_delivery(self) -> None:
+        """Publishes on this channel now wait for the broker's confirm (or raise)."""
+        with translated():
+            self.raw.confirm_delivery()
+
+    def consume(self, queue: str, on_message: OnMessage) -> str:
+        """Start consuming ``queue`` with manual acks; returns the consumer tag."""
+
+        def deliver(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            on_message(
+                method.delivery_tag,
+                method.exchange,
+                method.routing_key,
+                bool(method.redelivered),
+                from_pika(properties),
+                body,
+            )
+
+        with translated():
+            return str(self.raw.basic_consume(queue, deliver))
+
+    def cancel(self, consumer_tag: str) -> None:
+        with translated():
+            self.raw.basic_cancel(consumer_tag)
+
+    def ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        with translated():
+            self.raw.basic_ack(delivery_tag, multiple=multiple)
+
+    def nack(self, delivery_tag: int, requeue: bool = True) -> None:
+        with translated():
+            self.raw.basic_nack(delivery_tag, requeue=requeue)
+
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+    ) -> None:
+        """Publish as mandatory; in confirm mode, return once the broker confirmed it.
+
+        Raises ``UnroutableError`` (returned), ``NackedError``, ``ChannelClosed`` (e.g. no
+        such exchange) or ``ConnectionLost``.
+        """
+        props = to_pika(properties)
+        with translated():
+            self.raw.basic_publish(exchange, routing_key, body, props, mandatory=True)

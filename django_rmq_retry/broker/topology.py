@@ -1,0 +1,42 @@
+"""Declare a topology plan (``core.topology.plan``) on a channel. Idempotent: safe on every
+start. A queue or exchange that exists with other arguments is named in the error."""
+
+from __future__ import annotations
+
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.exchange_type import ExchangeType
+
+from ..core.errors import TopologyError
+from ..core.topology import Plan
+
+
+def declare(channel: BlockingChannel, the_plan: Plan) -> None:
+    """Declare ``the_plan`` on ``channel``; a mismatch raises :class:`TopologyError`.
+
+    A failed declare closes the channel (AMQP rules), so the caller must drop it.
+    """
+    current = ""
+    try:
+        for name, kind, args in the_plan.exchanges:
+            current = f"exchange {name!r}"
+            channel.exchange_declare(name, ExchangeType(kind), durable=True, arguments=args or None)
+        for destination, source, key in the_plan.exchange_bindings:
+            current = f"binding {source!r} → {destination!r}"
+            channel.exchange_bind(destination, source, routing_key=key)
+        for q in the_plan.queues:
+            current = f"queue {q.name!r}"
+            channel.queue_declare(q.name, durable=True, arguments=q.arguments or None)
+            for b in q.bindings:
+                channel.queue_bind(
+                    q.name, b.source, routing_key=b.routing_key, arguments=b.arguments
+                )
+    except pex.ChannelClosedByBroker as exc:
+        if exc.reply_code == 406:
+            raise TopologyError(
+                f"{current} already exists with different arguments: {exc.reply_text}. "
+                "Delete it (it will be declared again) or make the settings match."
+            ) from exc
+        raise TopologyError(
+            f"declaring {current} failed: {exc.reply_code} {exc.reply_text}"
+        ) from exc

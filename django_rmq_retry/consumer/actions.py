@@ -1,0 +1,65 @@
+"""A delivery as plain data, and what the connection's thread must do with it once handled.
+
+The handler (``consumer.handler``) turns a :class:`Delivery` into one action; the loop
+(``consumer.loop``) or the in-memory test broker (``testing``) carries it out. Neither side
+sees the other's machinery: no pika here, no receiver code there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..parking import ParkRequest
+from ..registry import Receiver
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message as the broker handed it to us."""
+
+    queue: str
+    receiver: Receiver | None  # None: the orphans queue
+    exchange: str
+    routing_key: str
+    redelivered: bool
+    properties: dict[str, Any]  # every AMQP property by its attribute name, headers included
+    body: bytes
+    tag: int = 0  # the broker's delivery tag on this consumer's channel
+    generation: int = 0  # which connection of the consumer it came in on
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done with it: the receiver returned, or (``kind="parked"``) its row is committed."""
+
+    kind: str = "handled"  # or "parked": what the stats count it as
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give the delivery back to the queue (shutdown while it could not be parked)."""
+
+
+@dataclass(frozen=True)
+class PublishRetry:
+    """Publish this copy into the delay path; ack the original once the broker confirmed it."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any]
+    log_line: str
+    signal_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StorePark:
+    """Write this row (the parking thread commits it); ack once it is committed."""
+
+    request: ParkRequest
+    start_key: str | None  # the delivery-limit row to delete once parked
+    log_line: str
+
+
+Action = Ack | Release | PublishRetry | StorePark

@@ -1,0 +1,244 @@
+"""The worker side of the consumer: one delivery in, one action out.
+
+No broker, no threads, no connection management: the loop (or the in-memory test broker)
+hands a :class:`~.actions.Delivery` to :meth:`Handler.handle` and carries out the action it
+returns. Every decision is the core's (``read_incoming``, ``triage``, ``decide``, ``route``);
+this module only runs the receiver between them and describes what must happen next.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from django.conf import settings
+
+from ..conf import app_settings
+from ..core.backoff import Policy
+from ..core.delays import DelayLevels, route
+from ..core.envelope import Envelope, read_incoming, retry_properties
+from ..core.failure import (
+    Failure,
+    error_summary,
+    error_type_name,
+    fingerprint,
+    frames_of,
+    library_roots,
+    traceback_text,
+)
+from ..core.message import Message
+from ..core.names import Names
+from ..core.outcome import Park, RetryLater, Run, decide, triage
+from ..parking import ParkRequest
+from ..policies import policy_cache
+from ..registry import Receiver
+from .actions import Ack, Action, Delivery, PublishRetry, StorePark
+from .delivery_limit import DeliveryLimit
+
+logger = logging.getLogger("django_rmq_retry.consumer")
+
+#: Longest error message kept on a parked row (headers get ``ERROR_HEADER_MAX``).
+ROW_ERROR_MAX = 10_000
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Handler:
+    """Turns deliveries into actions (see the module docstring).
+
+    ``policy_for`` gives a receiver's effective retry policy (database row > code >
+    settings by default); ``limits`` counts starts of redelivered messages (``None``: no
+    delivery limit); ``clock`` and ``rng`` are the time and the jitter source.
+    """
+
+    def __init__(
+        self,
+        names: Names,
+        levels: DelayLevels,
+        *,
+        limits: DeliveryLimit | None,
+        policy_for: Callable[[Receiver], Policy] = policy_cache.for_receiver,
+        clock: Callable[[], datetime] = _now,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.names = names
+        self.levels = levels
+        self.limits = limits
+        self.policy_for = policy_for
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.error_header_max = int(app_settings.ERROR_HEADER_MAX)
+        self._roots = library_roots()
+        self._base_dir = str(getattr(settings, "BASE_DIR", "") or "")
+
+    def handle(self, d: Delivery) -> Action:
+        headers = d.properties.get("headers") or {}
+        env = read_incoming(headers, d.exchange, d.routing_key, self.names)
+        rec = d.receiver
+        if rec is None:  # the orphans queue: a retry whose receiver queue vanished
+            target = env.target or "?"
+            verdict = triage(env, d.body, d.properties, orphaned=True)
+            assert isinstance(verdict, Park)
+            return self._park(
+                replace(d, queue=target), _receiver_for_queue(target, self.names), env, verdict
+            )
+        if env.warning:
+            logger.warning(
+                "%s: message %s: %s", rec.name, d.properties.get("message_id"), env.warning
+            )
+        start_key, over_limit = (
+            self.limits.check(d, headers)
+            if self.limits is not None and self.limits.applies(d, headers)
+            else (None, None)
+        )
+        verdict = triage(env, d.body, d.properties, over_limit=over_limit)
+        if isinstance(verdict, Park):
+            if env.undecodable is not None:
+                # Park the body with no headers, so a requeue of the row is an ordinary
+                # message, not the undecodable marker again.
+                d = replace(d, properties={**d.properties, "headers": {}})
+            return self._park(d, rec.name, env, verdict, start_key=start_key)
+        message = self._message(d, rec, env, headers, verdict)
+        try:
+            rec.func(message, receiver=rec, topic=rec.topic_for(env.routing_key))
+        except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
+            self._forget(start_key)
+            return self._after_failure(d, rec, env, message, exc)
+        self._forget(start_key)
+        return Ack()
+
+    def _forget(self, start_key: str | None) -> None:
+        if start_key and self.limits is not None:
+            self.limits.forget([start_key])
+
+    def _message(
+        self, d: Delivery, rec: Receiver, env: Envelope, headers: dict[str, Any], run: Run
+    ) -> Message:
+        return Message(
+            body=run.body,
+            raw=d.body,
+            headers=dict(headers),
+            routing_key=env.routing_key,
+            exchange=env.exchange,
+            queue=d.queue,
+            receiver=rec.name,
+            message_id=d.properties.get("message_id"),
+            correlation_id=d.properties.get("correlation_id"),
+            content_type=d.properties.get("content_type"),
+            timestamp=_timestamp(d.properties.get("timestamp")),
+            attempt=env.attempt,
+            redelivered=d.redelivered,
+            requeued=env.requeued,
+            properties=d.properties,
+        )
+
+    def _after_failure(
+        self, d: Delivery, rec: Receiver, env: Envelope, message: Message, exc: BaseException
+    ) -> Action:
+        policy = self.policy_for(rec)
+        decision = decide(
+            env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng
+        )
+        if isinstance(decision, Park):
+            return self._park(d, rec.name, env, decision, exc=exc)
+        assert isinstance(decision, RetryLater)
+        now = self.clock()
+        failure = Failure(error_type_name(exc), error_summary(exc, self.error_header_max), now)
+        way = route(self.levels, self.names, decision.delay, int(now.timestamp() * 1000))
+        props = retry_properties(
+            d.properties,
+            names=self.names,
+            attempt=decision.next_attempt,
+            failure=failure,
+            exchange=env.exchange,
+            routing_key=env.routing_key,
+            target_queue=d.queue,
+            due_ms=way.due_ms,
+        )
+        log_line = (
+            f"retry {rec.name} message {message.message_id} attempt "
+            f"{decision.next_attempt}/{policy.max_attempts} in {way.delay_ms / 1000:.1f}s "
+            f"after {failure.error_type}: {failure.error_message}"
+        )
+        return PublishRetry(
+            exchange=way.exchange,
+            routing_key=way.routing_key,
+            body=d.body,
+            properties=props,
+            log_line=log_line,
+            signal_kwargs={
+                "sender": rec.name,
+                "message": message,
+                "attempt": env.attempt,
+                "delay": way.delay_ms / 1000,
+                "error": exc,
+            },
+        )
+
+    def _park(
+        self,
+        d: Delivery,
+        receiver: str,
+        env: Envelope,
+        decision: Park,
+        *,
+        exc: BaseException | None = None,
+        start_key: str | None = None,
+    ) -> StorePark:
+        """Describe the row to park (the parking thread writes it)."""
+        now = self.clock()
+        if exc is not None:
+            error_type = error_type_name(exc)
+            error_message = error_summary(exc, ROW_ERROR_MAX)
+            tb = traceback_text(exc)
+            group = fingerprint(
+                error_type, frames_of(exc.__traceback__), self._roots, self._base_dir
+            )
+        else:
+            error_type = decision.reason.value
+            error_message = decision.detail
+            tb = ""
+            group = f"{decision.reason.value}: {decision.detail.split(':')[0]}"
+        request = ParkRequest(
+            receiver=receiver,
+            queue=d.queue,
+            exchange=env.exchange,
+            routing_key=env.routing_key,
+            body=d.body,
+            properties=d.properties,
+            reason=decision.reason.value,
+            reason_detail=decision.detail,
+            attempts=env.attempt,
+            redelivered=d.redelivered,
+            error_type=error_type,
+            error_message=error_message,
+            traceback=tb,
+            fingerprint=group,
+            first_failure_at=env.first_failure or now,
+            last_failure_at=now,
+        )
+        log_line = (
+            f"parked {receiver} message {d.properties.get('message_id')} after {env.attempt} "
+            f"attempt(s): {decision.reason.value} ({error_message[:200]})"
+        )
+        return StorePark(request, start_key, log_line)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
+
+
+def _receiver_for_queue(queue: str, names: Names) -> str:
+    prefix = names.prefix + "."
+    return queue[len(prefix) :] if queue.startswith(prefix) else queue

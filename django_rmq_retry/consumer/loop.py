@@ -1,0 +1,423 @@
+"""The consumer loop behind ``manage.py rmq_consume``: the connection's thread.
+
+One connection owned by the thread that calls :meth:`Consumer.run`; receivers run in worker
+threads (``pool``) so a slow receiver never starves heartbeats. A worker turns a delivery
+into an *action* (``handler``) and hands it back to the connection's thread, which settles
+it: ack, give back, publish a retry copy and ack the original only once the broker
+confirmed the copy, or pass the row to the parking thread (``park_writer``) and ack once
+it is committed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from django.db import close_old_connections, connections
+
+from .. import broker, signals
+from ..conf import app_settings, current_levels, current_names, current_plan
+from ..core.backoff import CappedBackoff
+from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
+from ..registry import Receiver
+from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
+from .delivery_limit import DeliveryLimit
+from .handler import Handler
+from .park_writer import ParkJob, ParkWriter
+from .pool import CANCELLED, DaemonPool, Job
+
+logger = logging.getLogger("django_rmq_retry.consumer")
+
+
+@dataclass
+class Stats:
+    handled: int = 0
+    retried: int = 0
+    parked: int = 0
+    released: int = 0
+    failed_publishes: int = 0
+    reconnects: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.handled + self.retried + self.parked
+
+
+class Consumer:
+    """Consume the given receivers' queues until stopped (or a bounded run ends)."""
+
+    def __init__(
+        self,
+        receivers: Sequence[Receiver],
+        *,
+        prefetch: int | None = None,
+        threads: int | None = None,
+        max_messages: int | None = None,
+        max_idle_time: float | None = None,
+        fail_fast: bool = False,
+        consume_orphans: bool = True,
+        shutdown_timeout: float | None = None,
+    ) -> None:
+        self.receivers = list(receivers)
+        self.names = current_names()
+        self.prefetch = int(prefetch or app_settings.PREFETCH)
+        self.threads = int(threads or app_settings.THREADS)
+        self.max_messages = max_messages
+        self.max_idle_time = max_idle_time
+        self.fail_fast = fail_fast
+        self.consume_orphans = consume_orphans
+        self.shutdown_timeout = float(
+            shutdown_timeout if shutdown_timeout is not None else app_settings.SHUTDOWN_TIMEOUT
+        )
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._generation = 0
+        self._connection: broker.Connection | None = None
+        self._channel: Any = None  # broker.Channel while connected
+        self._copies: broker.ConfirmChannel | None = None
+        self._unsettled: set[int] = set()
+        self._done: SimpleQueue[Job] = SimpleQueue()
+        self._wake_lock = threading.Lock()
+        self._wake_pending = False
+        self._consumer_tags: list[str] = []
+        self._inflight: dict[int, Job] = {}
+        self._last_activity = time.monotonic()
+        limits = DeliveryLimit(
+            self.names,
+            int(app_settings.DELIVERY_LIMIT),
+            broker_counts=str(app_settings.QUEUE_TYPE) == "quorum",
+        )
+        self.handler = Handler(self.names, current_levels(), limits=limits)
+        self._pool = DaemonPool(self.threads, "rmq-receiver", self._process, self._hand_back)
+        self._parker = ParkWriter(
+            self.names,
+            on_done=self._park_done,
+            on_stored=limits.forget,
+            is_current=lambda d: d.generation == self._generation,
+            stop=self._stop,
+        )
+        self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
+
+    # Public control -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Warm stop: safe to call from a signal handler (sets a flag, touches nothing else)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> Stats:
+        backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
+        first = True
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._connect_and_declare()
+                    backoff.reset()  # consuming again: the backoff starts over
+                    first = False
+                    self._consume_until_stopped()
+                    break
+                except TopologyError:
+                    raise
+                except BrokerUnavailable as exc:
+                    if first and (self.fail_fast or isinstance(exc, AccessRefused)):
+                        raise
+                    logger.error("%s; retrying in %.1fs", exc, backoff.current)
+                except ConnectionLost as exc:
+                    logger.error(
+                        "connection to RabbitMQ lost (%s); reconnecting in %.1fs",
+                        exc,
+                        backoff.current,
+                    )
+                self._abandon_connection()
+                self.stats.reconnects += 1
+                self._stop.wait(backoff.next())
+        finally:
+            self._close()
+        return self.stats
+
+    # Connection lifecycle -------------------------------------------------------------------
+    def _connect_and_declare(self) -> None:
+        self._generation += 1
+        self._unsettled = set()  # delivery tags start over on a new channel
+        with self._wake_lock:
+            self._wake_pending = False  # a wake-up scheduled on the old connection is gone
+        self._connection = broker.connect(
+            name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
+        )
+        channel = self._connection.channel()
+        channel.declare(current_plan(self.receivers, self.names))
+        channel.qos(self.prefetch)
+        self._copies = broker.ConfirmChannel(self._connection)
+        self._channel = channel
+        self._consumer_tags = []
+        queues = list(self._by_queue)
+        if self.consume_orphans:
+            queues.append(self.names.orphan_queue)
+        for queue_name in queues:
+            self._consumer_tags.append(
+                channel.consume(queue_name, self._on_message(queue_name, self._generation))
+            )
+        logger.info(
+            "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
+            len(queues),
+            broker.mask_url(app_settings.BROKER_URL),
+            self.prefetch,
+            self.threads,
+        )
+
+    def _abandon_connection(self) -> None:
+        """Forget a dead connection; unacked deliveries return to their queues by themselves."""
+        self._generation += 1
+        for job in list(self._inflight.values()):
+            self._pool.cancel(job)
+        self._inflight.clear()
+        conn, self._connection = self._connection, None
+        self._channel = self._copies = None
+        if conn is not None:
+            conn.close()
+
+    def _close(self) -> None:
+        self._pool.shutdown()
+        self._parker.close()
+        if self._connection is not None:
+            self._connection.close()
+        self._connection = None
+        connections.close_all()
+
+    def _pump(self, seconds: float) -> None:
+        assert self._connection is not None
+        self._connection.pump(seconds)
+        if not self._done.empty():
+            # Safety net: a wake-up handed to a connection that died before running it
+            # must never leave finished deliveries unsettled (and the prefetch window full).
+            self._drain()
+        if self._copies is not None and self._copies.broken is not None:
+            raise ConnectionLost(
+                f"the channel for retry copies closed: {self._copies.broken_reason}"
+            )
+
+    # Main loop ------------------------------------------------------------------------------
+    def _consume_until_stopped(self) -> None:
+        self._last_activity = time.monotonic()
+        while not self._stop.is_set():
+            self._pump(0.05 if self._inflight else 0.25)
+            if self.max_messages is not None and self.stats.done >= self.max_messages:
+                logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
+                break
+            if (
+                self.max_idle_time is not None
+                and not self._inflight
+                and time.monotonic() - self._last_activity >= self.max_idle_time
+            ):
+                logger.info("idle for %.1fs; stopping (--max-idle-time)", self.max_idle_time)
+                break
+        self._warm_shutdown()
+
+    def _warm_shutdown(self) -> None:
+        """Stop consuming, let in-flight receivers finish and act on them, then return."""
+        for consumer_tag in self._consumer_tags:
+            try:
+                self._channel.cancel(consumer_tag)
+            except ConnectionLost:
+                return
+        # Deliveries whose receiver has not started go back to the queue untouched.
+        for job in list(self._inflight.values()):
+            self._pool.cancel(job)
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._inflight and time.monotonic() < deadline:
+            self._pump(0.05)
+            for delivery_tag, job in list(self._inflight.items()):
+                if job.state is CANCELLED:
+                    self._inflight.pop(delivery_tag, None)
+        if self._inflight:
+            logger.warning(
+                "%d receiver(s) still running after %.0fs; their messages will be redelivered",
+                len(self._inflight),
+                self.shutdown_timeout,
+            )
+        assert self._connection is not None
+        self._connection.close()
+        self._connection = None
+
+    # Deliveries (connection thread) ---------------------------------------------------------
+    def _on_message(self, queue_name: str, generation: int) -> broker.connection.OnMessage:
+        receiver = self._by_queue.get(queue_name)
+
+        def on_message(
+            tag: int,
+            exchange: str,
+            routing_key: str,
+            redelivered: bool,
+            properties: dict[str, Any],
+            body: bytes,
+        ) -> None:
+            self._unsettled.add(tag)  # never covered by a multiple ack until settled
+            self._last_activity = time.monotonic()
+            if self._stop.is_set():
+                return  # not acked: goes back to the queue when we close
+            if (
+                self.max_messages is not None
+                and self.stats.done + len(self._inflight) >= self.max_messages
+            ):
+                return  # a bounded run takes no more than it was asked to
+            job = Job(
+                Delivery(
+                    queue_name,
+                    receiver,
+                    exchange,
+                    routing_key,
+                    redelivered,
+                    properties,
+                    body,
+                    tag,
+                    generation,
+                )
+            )
+            self._inflight[tag] = job
+            self._pool.submit(job)
+
+        return on_message
+
+    def _hand_back(self, job: Job) -> None:
+        """Worker thread → connection thread, waking the loop once per batch, not per message."""
+        if job.state is CANCELLED:
+            return
+        delivery = job.delivery
+        conn = self._connection
+        if conn is None or delivery.generation != self._generation:
+            return
+        self._done.put(job)
+        with self._wake_lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        try:
+            conn.call_threadsafe(self._drain)
+        except ConnectionLost:  # connection already gone: the message will be redelivered
+            logger.debug("could not hand back delivery %s", delivery.tag, exc_info=True)
+
+    def _drain(self) -> None:
+        """Connection thread: settle every finished delivery.
+
+        Plain acks below the oldest unsettled delivery tag go out as one ``multiple=True``
+        ack; a tag still running, waiting for its retry copy's confirm, or skipped at
+        shutdown is never covered by it.
+        """
+        with self._wake_lock:
+            self._wake_pending = False
+        acks: list[int] = []
+        while True:
+            try:
+                job = self._done.get_nowait()
+            except Empty:
+                break
+            delivery = job.delivery
+            if delivery.generation != self._generation:
+                continue
+            self._last_activity = time.monotonic()
+            try:
+                action = job.result()
+            except BaseException:  # a bug of ours must not stop the loop: give it back
+                logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
+                action = Release()
+            if isinstance(action, Ack):
+                self._inflight.pop(delivery.tag, None)
+                self._unsettled.discard(delivery.tag)
+                acks.append(delivery.tag)
+                if action.kind == "parked":
+                    self.stats.parked += 1
+                else:
+                    self.stats.handled += 1
+            elif isinstance(action, Release):
+                self._inflight.pop(delivery.tag, None)
+                self._unsettled.discard(delivery.tag)
+                self._channel.nack(delivery.tag, requeue=True)
+                self.stats.released += 1
+            elif isinstance(action, StorePark):
+                # Stays in flight and unsettled until the parking thread reports the commit.
+                self._parker.submit(
+                    ParkJob(delivery, action.request, action.start_key, action.log_line)
+                )
+            else:
+                self._publish_retry(delivery, action)
+        if acks:
+            self._ack(acks)
+
+    def _park_done(self, delivery: Delivery, stored: bool) -> None:
+        """Parking thread: the row is committed (ack) or could not be (give it back)."""
+        job = Job(delivery)
+        job.finish(Ack("parked") if stored else Release(), None)
+        self._hand_back(job)
+
+    def _ack(self, tags: list[int]) -> None:
+        oldest = min(self._unsettled) if self._unsettled else None
+        below = [t for t in tags if oldest is None or t < oldest]
+        if below:
+            self._channel.ack(max(below), multiple=True)
+        for tag in tags:
+            if oldest is not None and tag > oldest:
+                self._channel.ack(tag)
+
+    def _publish_retry(self, delivery: Delivery, action: PublishRetry) -> None:
+        """Publish the retry copy; ack the original only once the broker confirmed the copy.
+
+        The delivery stays in flight (a warm shutdown waits for it) until the confirm.
+        """
+        generation = self._generation
+
+        def settled(ok: bool, why: str) -> None:
+            self._inflight.pop(delivery.tag, None)
+            self._unsettled.discard(delivery.tag)
+            if generation != self._generation:
+                return  # the connection was replaced: the original is redelivered
+            if not ok:
+                self.stats.failed_publishes += 1
+                logger.error(
+                    "retry copy of %s was not accepted by the broker (%s); the original "
+                    "returns to its queue",
+                    delivery.properties.get("message_id"),
+                    why,
+                )
+                self._channel.nack(delivery.tag, requeue=True)
+                return
+            self._channel.ack(delivery.tag)
+            self.stats.retried += 1
+            logger.warning(action.log_line)
+            for _r, res in signals.message_retried.send_robust(**action.signal_kwargs):
+                if isinstance(res, Exception):
+                    logger.error("a message_retried signal receiver failed: %r", res)
+
+        def on_settled(acked: bool, returned: bool) -> None:
+            # Inside pika's frame callback, which must not re-enter the blocking connection
+            # (settled acks on it): run it from a timer on the same loop instead.
+            conn.call_later(
+                0,
+                functools.partial(
+                    settled, acked and not returned, broker.settled_reason(acked, returned)
+                ),
+            )
+
+        assert self._copies is not None and self._connection is not None
+        conn = self._connection
+        self._copies.publish(
+            action.exchange, action.routing_key, action.body, action.properties, on_settled
+        )
+
+    # Worker side ---------------------------------------------------------------------------
+    def _process(self, d: Delivery) -> Action:
+        if d.generation != self._generation:
+            return Release()
+        close_old_connections()
+        try:
+            return self.handler.handle(d)
+        finally:
+            close_old_connections()

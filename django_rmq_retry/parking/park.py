@@ -1,0 +1,266 @@
+"""Parking: write a delivery that will not be retried to ``ParkedMessage``, then let it be acked.
+
+Guarantees: :func:`park` and :func:`park_many` commit the row before the caller acks;
+parking the same delivery twice (a redelivery after a crash between commit and ack) leaves
+one row; a requeued message that fails again returns to its own row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .. import signals
+from ..conf import current_names
+from ..core.envelope import Envelope, delivery_digest, read_incoming
+from ..core.names import Names
+from ..models import ParkedMessage, ParkedStatus
+from .rows import json_safe_headers, properties_json, text_column
+
+logger = logging.getLogger("django_rmq_retry.parking")
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """Everything known about a delivery that must be parked (built by the consumer)."""
+
+    receiver: str
+    queue: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: Mapping[str, Any]  # pika attribute names, headers included
+    reason: str
+    reason_detail: str
+    attempts: int
+    redelivered: bool
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    fingerprint: str = ""
+    first_failure_at: datetime | None = None
+    last_failure_at: datetime | None = None
+
+
+def park_key(req: ParkRequest, names: Names) -> str:
+    """The idempotency key of a parking: the same delivery parked again finds its row."""
+    return _key(req, _envelope(req, names))
+
+
+def _key(req: ParkRequest, env: Envelope) -> str:
+    return delivery_digest(
+        req.queue,
+        req.properties.get("message_id"),
+        req.body,
+        str(req.attempts),
+        str(env.requeued),
+        req.reason,
+    )
+
+
+def _envelope(req: ParkRequest, names: Names) -> Envelope:
+    return read_incoming(req.properties.get("headers"), req.exchange, req.routing_key, names)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request turned into the row's columns (shared by ``park`` and ``park_many``)."""
+
+    key: str
+    fields: dict[str, Any]
+    event: dict[str, Any]
+    parked_id: str | None
+    now: datetime
+
+
+def _prepare(req: ParkRequest, names: Names) -> _Prepared:
+    headers = req.properties.get("headers") or {}
+    now = timezone.now()
+    event = {
+        "at": now.isoformat(),
+        "event": "parked",
+        "reason": req.reason,
+        "error_type": text_column(req.error_type),
+        "attempts": req.attempts,
+    }
+    fields = {
+        "receiver": text_column(req.receiver)[:255],
+        "queue": text_column(req.queue)[:255],
+        "exchange": text_column(req.exchange)[:255],
+        "routing_key": text_column(req.routing_key)[:255],
+        "message_id": text_column(str(req.properties.get("message_id") or ""))[:255],
+        "correlation_id": text_column(str(req.properties.get("correlation_id") or ""))[:255],
+        "body": req.body,
+        "body_size": len(req.body),
+        "content_type": text_column(str(req.properties.get("content_type") or ""))[:255],
+        "properties": properties_json(req.properties),
+        "headers": json_safe_headers(headers),
+        "reason": req.reason,
+        "reason_detail": text_column(req.reason_detail),
+        "error_type": text_column(req.error_type)[:255],
+        "error_message": text_column(req.error_message),
+        "traceback": text_column(req.traceback),
+        "fingerprint": text_column(req.fingerprint)[:255],
+        "attempts": req.attempts,
+        "first_failure_at": req.first_failure_at,
+        "last_failure_at": req.last_failure_at,
+        "parked_at": now,
+    }
+    env = _envelope(req, names)
+    return _Prepared(_key(req, env), fields, event, env.parked_id, now)
+
+
+def park(
+    req: ParkRequest, *, names: Names | None = None, using: str = "default"
+) -> tuple[ParkedMessage, bool]:
+    """Write (or re-open) the row for this delivery and commit. Returns (row, created).
+
+    Raises ``DatabaseError`` if the database is unavailable: the caller must then not ack.
+    """
+    names = names or current_names()
+    p = _prepare(req, names)
+    key, fields, event, parked_id, now = p.key, p.fields, p.event, p.parked_id, p.now
+    if not parked_id:
+        # The common case, a message parked for the first time: one INSERT (one round trip
+        # in autocommit). A duplicate key means this delivery was parked before (a
+        # redelivery after a lost ack): fall through to the careful path.
+        # Inside a caller's transaction a savepoint keeps it usable after an IntegrityError.
+        in_atomic = transaction.get_connection(using).in_atomic_block
+        try:
+            with transaction.atomic(using=using) if in_atomic else contextlib.nullcontext():
+                row = ParkedMessage.objects.using(using).create(
+                    park_key=key, history=[event], **fields
+                )
+        except IntegrityError:
+            pass
+        else:
+            _after_park(row, req, True)
+            return row, True
+    with transaction.atomic(using=using):
+        existing = ParkedMessage.objects.using(using).filter(park_key=key).order_by().first()
+        if existing is not None:
+            if not req.redelivered:
+                # Not a redelivery: an identical message was parked before. Count it.
+                ParkedMessage.objects.using(using).filter(pk=existing.pk).update(
+                    park_count=F("park_count") + 1
+                )
+            return existing, False
+        if parked_id and parked_id.isdigit():
+            row = (
+                ParkedMessage.objects.using(using)
+                .select_for_update()
+                .filter(pk=int(parked_id))
+                .first()
+            )
+            if row is not None:
+                for name, value in fields.items():
+                    setattr(row, name, value)
+                row.park_key = key
+                row.status = ParkedStatus.PARKED
+                row.status_changed_at = now
+                row.status_changed_by = ""
+                row.claim_token = ""
+                row.park_count = row.park_count + 1
+                row.history = [*(row.history or []), event][-50:]
+                row.save()
+                created = False
+                _after_park(row, req, created)
+                return row, created
+        row = ParkedMessage.objects.using(using).create(park_key=key, history=[event], **fields)
+        created = True
+    _after_park(row, req, created)
+    return row, created
+
+
+def park_many(
+    reqs: Sequence[ParkRequest], *, names: Names | None = None, using: str = "default"
+) -> list[tuple[ParkedMessage, bool]]:
+    """Park a batch with one multi-row INSERT and one commit; results in ``reqs`` order.
+
+    A commit waits for the database's disk, so a consumer that parks a flood of failures one
+    commit at a time is bound by fsync, not by work (group commit, as databases do it for
+    their own log). The common case, messages parked for the first time, goes in one
+    statement; a batch holding a requeued message's return, or one that meets an existing
+    key (a redelivery after a lost ack, an identical message), is written row by row
+    through :func:`park`, which sorts each case out. Every row is committed when this
+    returns; ``DatabaseError`` means none of the batch may be acked.
+    """
+    names = names or current_names()
+    if len(reqs) <= 1:
+        return [park(req, names=names, using=using) for req in reqs]
+    prepared = [_prepare(req, names) for req in reqs]
+    keys = {p.key for p in prepared}
+    if any(p.parked_id for p in prepared) or len(keys) != len(prepared):
+        return [park(req, names=names, using=using) for req in reqs]
+    try:
+        with transaction.atomic(using=using):
+            rows = [ParkedMessage(park_key=p.key, history=[p.event], **p.fields) for p in prepared]
+            if connections[using].features.can_return_rows_from_bulk_insert:
+                ParkedMessage.objects.using(using).bulk_create(rows)
+            else:  # the rows need their ids (signals, requeue headers): still one commit
+                for row in rows:
+                    row.save(force_insert=True, using=using)
+            for row, req in zip(rows, reqs, strict=True):
+                _after_park(row, req, True)
+    except IntegrityError:
+        return [park(req, names=names, using=using) for req in reqs]
+    return [(row, True) for row in rows]
+
+
+def stripped_request(req: ParkRequest, refusal: BaseException) -> ParkRequest:
+    """A copy of ``req`` any database can store, for a row the database refused.
+
+    The last resort that keeps the message: the body is kept bit for bit (bytes always
+    store); the properties and headers the database refused are left out of the row and
+    described, escaped, in its reason detail; every text is ASCII-escaped. A requeue of such
+    a row publishes the body without its original headers.
+    """
+
+    def esc(value: Any, limit: int = 10_000) -> str:
+        return ascii(str(value))[1:-1][:limit]
+
+    props = req.properties
+    kept = {
+        k: esc(v, 255)
+        for k, v in props.items()
+        if k in ("message_id", "correlation_id", "content_type", "content_encoding", "type")
+        and v is not None
+    }
+    refused = " ".join(str(refusal).split())[:300]
+    detail = (
+        f"{esc(req.reason_detail, 2000)} [stored without its headers and properties, which "
+        f"the database refused ({esc(refused)}); they were: headers {esc(props.get('headers'))}; "
+        f"properties {esc({k: v for k, v in props.items() if k != 'headers'})}]"
+    )
+    return replace(
+        req,
+        receiver=esc(req.receiver, 255),
+        queue=esc(req.queue, 255),
+        exchange=esc(req.exchange, 255),
+        routing_key=esc(req.routing_key, 255),
+        properties={**kept, "headers": {}},
+        reason_detail=detail,
+        error_type=esc(req.error_type, 255),
+        error_message=esc(req.error_message),
+        traceback=esc(req.traceback, 100_000),
+        fingerprint=esc(req.fingerprint, 255),
+    )
+
+
+def _after_park(row: ParkedMessage, req: ParkRequest, created: bool) -> None:
+    def send() -> None:
+        for _receiver, result in signals.message_parked.send_robust(
+            sender=req.receiver, parked=row, reason=req.reason, created=created
+        ):
+            if isinstance(result, Exception):
+                logger.error("a message_parked signal receiver failed: %r", result)
+
+    transaction.on_commit(send)

@@ -1,0 +1,231 @@
+"""Receivers and the registry: the signal-like declarations users write.
+
+Each receiver function owns one durable queue bound to its topics' routing keys, so two
+receivers of one topic each get a copy and a failing one never makes its sibling run twice.
+Receivers are held by strong references (Django's ``Signal.connect`` is weak by default: a
+closure registered there silently vanishes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .core.backoff import Policy
+
+ReceiverFunc = Callable[..., Any]
+_ROUTING_KEY = re.compile(r"^[^\s#*]{1,255}$")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
+
+
+class TopicKey:
+    """What the registry knows of a topic: its routing key on the work exchange.
+
+    :class:`django_rmq_retry.Topic` adds sending; receivers only ever need the key.
+    """
+
+    def __init__(self, routing_key: str, *, description: str = "") -> None:
+        if not isinstance(routing_key, str) or not _ROUTING_KEY.match(routing_key):
+            raise ImproperlyConfigured(
+                f"Topic routing key {routing_key!r} must be 1-255 characters, "
+                "no spaces and no '*' or '#' (topics are exact keys, not patterns)."
+            )
+        self.routing_key = routing_key
+        self.description = description
+
+    def __repr__(self) -> str:
+        return f"Topic({self.routing_key!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TopicKey) and other.routing_key == self.routing_key
+
+    def __hash__(self) -> int:
+        return hash(("Topic", self.routing_key))
+
+
+@dataclass
+class Receiver:
+    """A receiver function, its queue and its retry policy as declared in code."""
+
+    func: ReceiverFunc
+    name: str  # dotted path, e.g. "billing.consumers.send_invoice"
+    queue_suffix: str | None  # explicit queue name given by the user (prefix added later)
+    topics: list[TopicKey] = field(default_factory=list)
+    policy: Policy | None = None
+
+    @property
+    def routing_keys(self) -> list[str]:
+        return [t.routing_key for t in self.topics]
+
+    def queue_name(self, prefix: str) -> str:
+        return f"{prefix}.{self.queue_suffix or self.name}"
+
+    def topic_for(self, routing_key: str) -> TopicKey | None:
+        return next((t for t in self.topics if t.routing_key == routing_key), None)
+
+
+def dotted_path(func: ReceiverFunc) -> str:
+    module = getattr(func, "__module__", None) or "unknown"
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return f"{module}.{qualname}".replace(".<locals>.", ".")
+
+
+def _check_signature(func: ReceiverFunc, name: str) -> None:
+    if not callable(func):
+        raise ImproperlyConfigured(f"Receiver {name} is not callable.")
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return
+    if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        raise ImproperlyConfigured(
+            f"Receiver {name} must accept **kwargs (like Django signal receivers), "
+            f"e.g. def {getattr(func, '__name__', 'handler')}(message, **kwargs): ..."
+        )
+
+
+def _policy(retry: Policy | Mapping[str, Any] | None, name: str) -> Policy | None:
+    if retry is None or isinstance(retry, Policy):
+        return retry
+    if isinstance(retry, Mapping):
+        try:
+            return Policy.from_mapping(retry)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"Receiver {name}: bad retry policy: {exc}") from exc
+    raise ImproperlyConfigured(f"Receiver {name}: retry= must be a Policy or a dict.")
+
+
+class Registry:
+    """Receivers by name, held by strong references (a closure never silently vanishes)."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Receiver] = {}
+        self._lock = threading.RLock()
+
+    def register(
+        self,
+        func: ReceiverFunc,
+        topics: Iterable[TopicKey],
+        *,
+        queue: str | None = None,
+        retry: Policy | Mapping[str, Any] | None = None,
+    ) -> Receiver:
+        topics = list(topics)
+        name = dotted_path(func)
+        if not topics or not all(isinstance(t, TopicKey) for t in topics):
+            raise ImproperlyConfigured(f"Receiver {name}: give one or more Topic objects.")
+        if queue is not None and not _QUEUE_NAME.match(queue):
+            raise ImproperlyConfigured(
+                f"Receiver {name}: queue name {queue!r} may only use letters, digits, "
+                "'_', '.', ':' and '-' (at most 200 characters)."
+            )
+        _check_signature(func, name)
+        policy = _policy(retry, name)
+        with self._lock:
+            existing = self._by_name.get(name)
+            if existing is not None:
+                if existing.func is not func and _unwrap(existing.func) is not _unwrap(func):
+                    raise ImproperlyConfigured(
+                        f"Two different receivers are both named {name}; give one of them "
+                        "an explicit queue=... or rename it."
+                    )
+                if queue is not None and existing.queue_suffix not in (None, queue):
+                    raise ImproperlyConfigured(f"Receiver {name} registered with two queues.")
+                for t in topics:
+                    if t not in existing.topics:
+                        existing.topics.append(t)
+                existing.policy = policy or existing.policy
+                return existing
+            suffix = queue
+            for other in self._by_name.values():
+                if (other.queue_suffix or other.name) == (suffix or name):
+                    raise ImproperlyConfigured(
+                        f"Receivers {other.name} and {name} would share the queue "
+                        f"{suffix or name!r}; each receiver needs its own queue."
+                    )
+            rec = Receiver(func=func, name=name, queue_suffix=suffix, topics=topics, policy=policy)
+            self._by_name[name] = rec
+            return rec
+
+    def unregister(self, func: ReceiverFunc, topic: TopicKey | None = None) -> bool:
+        name = dotted_path(func)
+        with self._lock:
+            rec = self._by_name.get(name)
+            if rec is None:
+                return False
+            if topic is None:
+                del self._by_name[name]
+                return True
+            if topic not in rec.topics:
+                return False
+            rec.topics.remove(topic)
+            if not rec.topics:
+                del self._by_name[name]
+            return True
+
+    def all(self) -> list[Receiver]:
+        with self._lock:
+            return sorted(self._by_name.values(), key=lambda r: r.name)
+
+    def get(self, name: str) -> Receiver | None:
+        return self._by_name.get(name)
+
+    def find(self, name_or_queue: str, prefix: str) -> Receiver | None:
+        """Look a receiver up by dotted path, queue name, or a unique trailing part of either."""
+        exact = self._by_name.get(name_or_queue)
+        if exact:
+            return exact
+        by_queue = [
+            r for r in self.all() if name_or_queue in (r.queue_suffix, r.queue_name(prefix))
+        ]
+        if len(by_queue) == 1:
+            return by_queue[0]
+        candidates = [
+            r
+            for r in self.all()
+            if r.queue_name(prefix) == name_or_queue
+            or r.queue_suffix == name_or_queue
+            or r.name.endswith("." + name_or_queue)
+            or r.name.split(".")[-1] == name_or_queue
+        ]
+        return candidates[0] if len(candidates) == 1 else None
+
+    def reset(self) -> None:
+        """Forget every receiver (for tests)."""
+        with self._lock:
+            self._by_name.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+def _unwrap(func: Any) -> Any:
+    return inspect.unwrap(func) if callable(func) else func
+
+
+default_registry = Registry()
+
+
+def receiver(
+    topic: TopicKey | Iterable[TopicKey],
+    *,
+    queue: str | None = None,
+    retry: Policy | Mapping[str, Any] | None = None,
+    registry: Registry | None = None,
+) -> Callable[[ReceiverFunc], ReceiverFunc]:
+    """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``."""
+    topics = [topic] if isinstance(topic, TopicKey) else list(topic)
+
+    def decorator(func: ReceiverFunc) -> ReceiverFunc:
+        (registry if registry is not None else default_registry).register(
+            func, topics, queue=queue, retry=retry
+        )
+        return func
+
+    return decorator
