@@ -152,13 +152,9 @@ class Publisher:
         self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
     ) -> None:
         """Publish exactly these bytes and properties; return once confirmed."""
-
-        def publish() -> None:
-            self._ensure_channel().publish(exchange, routing_key, body, properties)
-
         with self._lock:
             try:
-                self._reconnecting(publish, lambda exc: PublishError(f"publish failed: {exc}"))
+                self._send(exchange, routing_key, body, properties)
             except UnroutableError as exc:
                 raise UnroutableError(
                     f"no queue is bound for routing key {routing_key!r} on exchange "
@@ -170,6 +166,16 @@ class Publisher:
                 ) from exc
             except ChannelClosed as exc:
                 raise PublishError(f"publish to {exchange!r} failed: {exc}") from exc
+
+    def _send(
+        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+    ) -> None:
+        """The transport's part of :meth:`publish_raw` (``testing`` has its own)."""
+
+        def publish() -> None:
+            self._ensure_channel().publish(exchange, routing_key, body, properties)
+
+        self._reconnecting(publish, lambda exc: PublishError(f"publish failed: {exc}"))
 
     def publish(
         self,
@@ -259,6 +265,27 @@ class Publisher:
 
     def _publish_batch(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
         """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
+        self._send_batch(items, window)
+        nacked = sum(1 for i in items if i.nacked)
+        returned = sum(1 for i in items if i.returned)
+        if nacked:
+            raise _batch_error(
+                items,
+                f"the broker refused (nacked) {nacked} message(s) to {items[0].exchange!r}"
+                + (f" and returned {returned} as unroutable" if returned else ""),
+                PublishError,
+            )
+        if returned:
+            raise _batch_error(
+                items,
+                f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
+                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
+                UnroutableError,
+            )
+
+    def _send_batch(self, items: list[broker.Outgoing], window: int) -> None:
+        """The transport's part of a batch: every item ends acked, nacked or returned, or
+        this raises ``PublishError`` (connection lost twice, channel closed, no answer)."""
         todo = list(range(len(items)))
 
         def publish() -> broker.BatchOutcome | None:
@@ -290,22 +317,6 @@ class Publisher:
             raise _batch_error(
                 items, "the broker did not confirm every message in time", PublishError
             )
-        nacked = sum(1 for i in items if i.nacked)
-        returned = sum(1 for i in items if i.returned)
-        if nacked:
-            raise _batch_error(
-                items,
-                f"the broker refused (nacked) {nacked} message(s) to {items[0].exchange!r}"
-                + (f" and returned {returned} as unroutable" if returned else ""),
-                PublishError,
-            )
-        if returned:
-            raise _batch_error(
-                items,
-                f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
-                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
-                UnroutableError,
-            )
 
 
 def _batch_error(items: list[broker.Outgoing], text: str, kind: type[PublishError]) -> PublishError:
@@ -330,6 +341,17 @@ def get_publisher() -> Publisher:
         if _publisher is None:
             _publisher = Publisher()
         return _publisher
+
+
+def install(publisher: Any) -> Any:
+    """Make ``publisher`` the process-wide one; returns the one it replaces (or ``None``).
+
+    For ``django_rmq_retry.testing``, whose in-memory broker publishes in place of RabbitMQ.
+    """
+    global _publisher
+    with _publisher_lock:
+        previous, _publisher = _publisher, publisher
+    return previous
 
 
 def reset_publisher() -> None:

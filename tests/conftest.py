@@ -26,6 +26,9 @@ from django_rmq_retry.core.names import Names
 from django_rmq_retry.publishing import reset_publisher
 from django_rmq_retry.registry import default_registry
 
+#: Our own users' fixture (``rmq_broker``), tested as they would use it.
+pytest_plugins = ["django_rmq_retry.testing.pytest_plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 BROKER_URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 

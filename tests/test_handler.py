@@ -228,7 +228,7 @@ def test_a_retry_whose_queue_vanished_is_parked_as_orphaned():
 
 
 def test_only_redeliveries_count_towards_the_delivery_limit(receiver):
-    rec, calls = receiver
+    rec, _calls = receiver
     limits = FakeLimits()
     assert handler(limits).handle(delivery(rec)) == Ack()
     assert limits.checked == [] and limits.forgotten == []

@@ -7,11 +7,15 @@ sees the other's machinery: no pika here, no receiver code there.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import signals
 from ..parking import ParkRequest
 from ..registry import Receiver
+
+logger = logging.getLogger("django_rmq_retry.consumer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,13 @@ class PublishRetry:
     properties: dict[str, Any]
     log_line: str
     signal_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def announce(self) -> None:
+        """The broker confirmed the copy: log it and send ``message_retried``."""
+        logger.warning(self.log_line)
+        for _receiver, result in signals.message_retried.send_robust(**self.signal_kwargs):
+            if isinstance(result, Exception):
+                logger.error("a message_retried signal receiver failed: %r", result)
 
 
 @dataclass(frozen=True)

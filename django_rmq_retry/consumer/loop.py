@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from .. import broker, signals
+from .. import broker
 from ..conf import app_settings, current_levels, current_names, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
@@ -391,10 +391,7 @@ class Consumer:
                 return
             self._channel.ack(delivery.tag)
             self.stats.retried += 1
-            logger.warning(action.log_line)
-            for _r, res in signals.message_retried.send_robust(**action.signal_kwargs):
-                if isinstance(res, Exception):
-                    logger.error("a message_retried signal receiver failed: %r", res)
+            action.announce()
 
         def on_settled(acked: bool, returned: bool) -> None:
             # Inside pika's frame callback, which must not re-enter the blocking connection

@@ -112,7 +112,7 @@ class ParkWriter:
             if not batch:
                 return
             try:
-                stored = self._park(batch)
+                stored = commit(batch, self._names, self._on_stored)
             except DatabaseError as exc:
                 if not logged:
                     logger.error(
@@ -133,8 +133,6 @@ class ParkWriter:
                 if logged:
                     logger.warning("database is back; parked %d held message(s)", len(batch))
                 for job, ok in zip(batch, stored, strict=True):
-                    if ok:
-                        logger.warning(job.log_line)
                     self._on_done(job.token, ok)
                 return
             if self._stop.wait(backoff.next()):
@@ -142,11 +140,18 @@ class ParkWriter:
                     self._on_done(job.token, False)  # shutting down: back to the queue
                 return
 
-    def _park(self, batch: Sequence[ParkJob]) -> list[bool]:
-        stored = store([job.request for job in batch], self._names)
-        keys = [job.start_key for job, ok in zip(batch, stored, strict=True) if ok]
-        self._on_stored(keys)  # the delivery-limit rows of what is now parked
-        return stored
+
+def commit(
+    jobs: Sequence[ParkJob], names: Names, on_stored: Callable[[list[str | None]], None]
+) -> list[bool]:
+    """Store the jobs' rows (:func:`store`), log each one parked, and report their
+    delivery-limit rows to ``on_stored``; per job, whether its row is stored."""
+    stored = store([job.request for job in jobs], names)
+    for job, ok in zip(jobs, stored, strict=True):
+        if ok:
+            logger.warning(job.log_line)
+    on_stored([job.start_key for job, ok in zip(jobs, stored, strict=True) if ok])
+    return stored
 
 
 def store(requests: Sequence[ParkRequest], names: Names) -> list[bool]:

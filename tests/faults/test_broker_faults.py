@@ -210,7 +210,7 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
                     fired.set()
                     time.sleep(3)
             else:
-                sock = publisher._connection._impl._transport._sock
+                sock = publisher._connection.raw._impl._transport._sock
                 port = sock.getsockname()[1]
                 listing = subprocess.run(
                     ["rabbitmqctl", "list_connections", "-q", "pid", "peer_port"],

@@ -1,0 +1,332 @@
+"""``InMemoryBroker``: your receivers, retries and parking in a test, without RabbitMQ.
+
+``Topic.send`` publishes into an in-memory model of the broker (``model``) that holds the
+same topology the real one gets: work exchange, receiver queues, the delay levels with their
+TTLs and dead-lettering, the deliver exchange and its orphans. :meth:`run_until_idle`
+delivers every message to the consumer's own handler (``consumer.handler``, the code the
+real consumer runs), carries out the action it returns, and moves a virtual clock to the
+next delay level's expiry whenever nothing is ready, so a retry schedule of days runs in
+milliseconds. Parked rows, ``RetryPolicy`` rows, signals and log lines are the real ones.
+
+Everything runs in the calling thread, on the test's database connection: inside Django's
+``TestCase`` (or pytest-django's ``django_db``) the rows live in the test's transaction, and
+``on_commit`` callbacks (the ``message_parked`` signal, a receiver's ``send_on_commit``)
+run at the end of each delivery, as they would after a real commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db import transaction
+from django.test import TestCase
+
+from ..conf import app_settings, current_levels, current_names, current_plan
+from ..consumer.actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
+from ..consumer.delivery_limit import DeliveryLimit
+from ..consumer.handler import Handler
+from ..consumer.park_writer import ParkJob, commit
+from ..core.bodies import Undecodable, decode_body
+from ..core.envelope import read_incoming
+from ..core.errors import UnroutableError
+from ..policies import policy_cache
+from ..publishing import Publisher, install
+from ..registry import Receiver, default_registry
+from .model import MemoryBroker, Stored
+
+#: Deliveries one :meth:`InMemoryBroker.run_until_idle` makes at most before it gives up.
+MAX_DELIVERIES = 10_000
+
+
+@dataclass(frozen=True)
+class ReceiverRun:
+    """One delivery to a receiver, and how it ended."""
+
+    receiver: str  # dotted path of the receiver ("" for the orphans queue)
+    message_id: str | None
+    attempt: int
+    outcome: str  # "handled", "retried", "parked" or "released" (given back to its queue)
+    at: float  # virtual seconds since the broker started
+    delay: float | None = None  # retried: seconds until the next attempt
+    reason: str | None = None  # parked: the park reason ("exhausted", "rejected", ...)
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """A message published to the work exchange (``Topic.send`` and friends)."""
+
+    routing_key: str
+    body: Any  # decoded as a receiver would see it (JSON value, str, or bytes)
+    raw: bytes
+    properties: dict[str, Any]
+
+
+class InMemoryBroker:
+    """A broker in memory for tests; see the module docstring.
+
+    Use it as a context manager (``with InMemoryBroker() as broker: ...``) or through the
+    pytest fixture ``rmq_broker`` (``pytest_plugins = ["django_rmq_retry.testing.pytest_plugin"]``).
+    ``receivers`` defaults to every registered receiver; ``seed`` makes jitter repeatable.
+    """
+
+    def __init__(self, receivers: Iterable[Receiver] | None = None, *, seed: int = 0) -> None:
+        self.names = current_names()
+        self.receivers = list(receivers) if receivers is not None else default_registry.all()
+        self._start_ms = int(time.time() * 1000)
+        self.model = MemoryBroker(self._start_ms)
+        # Like the first publish of a process: the topology of every registered receiver.
+        self.model.declare(current_plan(default_registry.all(), self.names))
+        self._limits = DeliveryLimit(
+            self.names, int(app_settings.DELIVERY_LIMIT), broker_counts=False
+        )
+        self.handler = Handler(
+            self.names,
+            current_levels(),
+            limits=self._limits,
+            clock=lambda: self.now,
+            rng=random.Random(seed),
+        )
+        self._by_queue: dict[str, Receiver | None] = {
+            r.queue_name(self.names.prefix): r for r in self.receivers
+        }
+        self._by_queue[self.names.orphan_queue] = None
+        self.runs: list[ReceiverRun] = []
+        self.sent: list[SentMessage] = []
+        self.publisher = _MemoryPublisher(self)
+        self._previous: Any = None
+
+    # Lifecycle -----------------------------------------------------------------------------
+    def start(self) -> InMemoryBroker:
+        """Publish into this broker from now on (``Topic.send``, requeues, ...)."""
+        self._previous = install(self.publisher)
+        policy_cache.invalidate()
+        return self
+
+    def stop(self) -> None:
+        """Give publishing back to whatever did it before."""
+        install(self._previous)
+        policy_cache.invalidate()
+
+    def __enter__(self) -> InMemoryBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # Time ----------------------------------------------------------------------------------
+    @property
+    def now(self) -> datetime:
+        """The virtual time (it starts at the real time the broker was made)."""
+        return datetime.fromtimestamp(self.model.now_ms / 1000, tz=timezone.utc)
+
+    @property
+    def elapsed(self) -> float:
+        """Virtual seconds since the broker was made."""
+        return (self.model.now_ms - self._start_ms) / 1000
+
+    def advance(self, seconds: float) -> None:
+        """Move the virtual clock on (messages due meanwhile move through the delay levels)."""
+        self.model.advance_to(self.model.now_ms + int(seconds * 1000))
+
+    # Running -------------------------------------------------------------------------------
+    def run_until_idle(self, *, max_deliveries: int = MAX_DELIVERIES) -> list[ReceiverRun]:
+        """Deliver until no message is left in a consumed queue or a delay level.
+
+        Whenever nothing is ready, the virtual clock jumps to the next delay level's expiry.
+        Returns the receiver runs of this call (``runs`` keeps all of them). Raises
+        ``RuntimeError`` after ``max_deliveries`` deliveries: a message that keeps coming
+        back would otherwise never let it end.
+        """
+        first = len(self.runs)
+        while True:
+            self._deliver_ready(max_deliveries - (len(self.runs) - first))
+            due = self.model.next_expiry_ms()
+            if due is None:
+                return self.runs[first:]
+            self.model.advance_to(due)
+
+    def run_ready(self, *, limit: int | None = None) -> list[ReceiverRun]:
+        """Deliver what is ready now, without moving the clock (at most ``limit`` messages)."""
+        first = len(self.runs)
+        if limit is None:
+            self._deliver_ready(MAX_DELIVERIES)
+        else:
+            self._deliver_ready(limit, strict=False)
+        return self.runs[first:]
+
+    def _deliver_ready(self, budget: int, *, strict: bool = True) -> None:
+        """Deliver ready messages, one per consumed queue in turn, at most ``budget``; with
+        ``strict``, a budget spent while messages are still ready is an error."""
+        policy_cache.invalidate()  # RetryPolicy rows written by the test apply at once
+        delivered = 0
+        while True:
+            ready = [q for q in self._by_queue if self.model.has_ready(q)]
+            if not ready:
+                return
+            for queue in ready:
+                if delivered >= budget:
+                    if strict:
+                        raise RuntimeError(
+                            f"still not idle after {delivered} deliveries; last runs: "
+                            f"{self.runs[-3:]}"
+                        )
+                    return
+                stored = self.model.take(queue)
+                if stored is not None:
+                    self._deliver(queue, self._by_queue[queue], stored)
+                    delivered += 1
+
+    def _deliver(self, queue: str, receiver: Receiver | None, stored: Stored) -> None:
+        delivery = Delivery(
+            queue,
+            receiver,
+            stored.exchange,
+            stored.routing_key,
+            stored.redelivered,
+            stored.properties,
+            stored.body,
+        )
+        with _after_commit_callbacks():
+            action = self.handler.handle(delivery)
+            outcome = self._settle(delivery, stored, action)
+        self._record(delivery, action, outcome)
+
+    def _settle(self, d: Delivery, stored: Stored, action: Action) -> str:
+        """Carry out ``action`` as the real consumer's loop does; returns the outcome."""
+        if isinstance(action, Ack):
+            return "handled"
+        if isinstance(action, PublishRetry):
+            if self.model.publish(
+                action.exchange, action.routing_key, action.body, action.properties
+            ):
+                action.announce()  # the "confirm": the copy is stored, ack the original
+                return "retried"
+        elif isinstance(action, StorePark):
+            job = ParkJob(d, action.request, action.start_key, action.log_line)
+            if commit([job], self.names, self._limits.forget)[0]:
+                return "parked"
+        else:
+            assert isinstance(action, Release)
+        self.model.give_back(d.queue, stored)  # the copy or the row did not make it
+        return "released"
+
+    def _record(self, d: Delivery, action: Action, outcome: str) -> None:
+        envelope = read_incoming(d.properties.get("headers"), d.exchange, d.routing_key, self.names)
+        delay = None
+        if isinstance(action, PublishRetry) and outcome == "retried":
+            delay = action.signal_kwargs.get("delay")
+        reason = action.request.reason if isinstance(action, StorePark) else None
+        self.runs.append(
+            ReceiverRun(
+                receiver=d.receiver.name if d.receiver else "",
+                message_id=d.properties.get("message_id"),
+                attempt=envelope.attempt,
+                outcome=outcome,
+                at=self.elapsed,
+                delay=delay,
+                reason=reason,
+            )
+        )
+
+    # Looking ------------------------------------------------------------------------------
+    def runs_of(self, receiver: Receiver | Callable[..., Any] | str) -> list[ReceiverRun]:
+        """The runs of one receiver (give the function, its ``Receiver`` or its dotted path)."""
+        name = _receiver_name(receiver)
+        return [r for r in self.runs if r.receiver == name]
+
+    def sent_to(self, topic: Any) -> list[Any]:
+        """Decoded bodies published to ``topic`` (a ``Topic`` or a routing key), in order."""
+        key = getattr(topic, "routing_key", topic)
+        return [m.body for m in self.sent if m.routing_key == key]
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting in a queue (a full name, or a receiver's dotted path)."""
+        return self.model.depth(self._queue_name(queue))
+
+    def waiting(self) -> Iterator[tuple[str, Stored]]:
+        """(queue, message) for every message anywhere, delay levels included."""
+        return self.model.messages()
+
+    def delete_queue(self, queue: str) -> int:
+        """Delete a queue, as an operator might (a retry due for it then ends orphaned)."""
+        name = self._queue_name(queue)
+        self._by_queue.pop(name, None)
+        return self.model.delete_queue(name)
+
+    def _queue_name(self, queue: str) -> str:
+        if queue in self.model.queues:
+            return queue
+        rec = default_registry.find(queue, self.names.prefix)
+        return rec.queue_name(self.names.prefix) if rec else queue
+
+    def _sent(self, exchange: str, routing_key: str, body: bytes, props: Mapping[str, Any]) -> bool:
+        """Publish into the model, remembering what went to the work exchange."""
+        routed = self.model.publish(exchange, routing_key, body, props)
+        if exchange == self.names.work_exchange:
+            try:
+                decoded = decode_body(
+                    body, props.get("content_type"), props.get("content_encoding")
+                )
+            except Undecodable:
+                decoded = body
+            self.sent.append(SentMessage(routing_key, decoded, body, dict(props)))
+        return routed
+
+
+class _MemoryPublisher(Publisher):
+    """The process publisher while an :class:`InMemoryBroker` runs: same encoding, same
+    errors (an unroutable message raises), its messages go to the model."""
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        super().__init__(declare=False)
+        self._broker = broker
+
+    def _send(
+        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+    ) -> None:
+        if not self._broker._sent(exchange, routing_key, body, properties):
+            raise UnroutableError("the message was returned as unroutable")
+
+    def _send_batch(self, items: list[Any], window: int) -> None:
+        for item in items:
+            item.returned = not self._broker._sent(
+                item.exchange, item.routing_key, item.body, item.properties
+            )
+            item.state = "ack"
+
+    def close(self) -> None:
+        """Nothing to close: there is no connection."""
+
+
+@contextlib.contextmanager
+def _after_commit_callbacks() -> Iterator[None]:
+    """Run ``on_commit`` callbacks at the end of a delivery even inside a test transaction.
+
+    Outside a transaction (autocommit, ``TransactionTestCase``) they already run at once.
+    """
+    if transaction.get_connection().in_atomic_block:
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            yield
+    else:
+        yield
+
+
+def _receiver_name(receiver: Receiver | Callable[..., Any] | str) -> str:
+    if isinstance(receiver, str):
+        rec = default_registry.find(receiver, current_names().prefix)
+        return rec.name if rec else receiver
+    if isinstance(receiver, Receiver):
+        return receiver.name
+    for rec in default_registry.all():
+        if rec.func is receiver:
+            return rec.name
+    raise LookupError(f"{receiver!r} is not a registered receiver")
+
+
+__all__ = ["InMemoryBroker", "ReceiverRun", "SentMessage"]
