@@ -1,7 +1,12 @@
-"""System checks (``manage.py check``) for the RMQ_RETRY settings."""
+"""System checks (``manage.py check``) for the RMQ_RETRY settings.
+
+One function per concern, each returning its messages; :func:`check_settings` (the one
+registered with Django) runs them in order once the settings dict itself could be read.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,87 +18,129 @@ from .core.delays import DelayLevels
 
 ID = "django_rmq_retry"
 
+Messages = list[checks.CheckMessage]
+
+#: Settings that must be positive numbers.
+POSITIVE = (
+    "PREFETCH",
+    "THREADS",
+    "BLOCKED_CONNECTION_TIMEOUT",
+    "RECONNECT_MAX_DELAY",
+    "SHUTDOWN_TIMEOUT",
+    "DELIVERY_LIMIT",
+    "BATCH_SIZE",
+    "CONNECT_TIMEOUT",
+)
+
 
 def _err(n: int, msg: str, hint: str) -> checks.Error:
     return checks.Error(msg, hint=hint, id=f"{ID}.E{n:03d}")
 
 
 @checks.register(checks.Tags.compatibility)
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    errors: list[checks.CheckMessage] = []
+def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
     try:
         user = app_settings.user_settings()
     except Exception as exc:
         return [_err(1, str(exc), f"Set settings.{SETTING_NAME} = {{...}}.")]
+    return [
+        *_known_keys(user),
+        *_broker_url(),
+        *_heartbeat(),
+        *_positive_numbers(),
+        *_prefix(),
+        *_queue_type(),
+        *_delays_and_retry(user),
+    ]
+
+
+def _known_keys(user: Mapping[str, Any]) -> Messages:
     unknown = sorted(set(user) - set(DEFAULTS))
-    if unknown:
-        errors.append(
-            _err(
-                2,
-                f"Unknown key(s) in settings.{SETTING_NAME}: {', '.join(unknown)}.",
-                f"Valid keys: {', '.join(sorted(DEFAULTS))}.",
-            )
+    if not unknown:
+        return []
+    return [
+        _err(
+            2,
+            f"Unknown key(s) in settings.{SETTING_NAME}: {', '.join(unknown)}.",
+            f"Valid keys: {', '.join(sorted(DEFAULTS))}.",
         )
+    ]
+
+
+def _broker_url() -> Messages:
     url = app_settings.BROKER_URL
     scheme = urlsplit(url).scheme if isinstance(url, str) else ""
-    if scheme not in ("amqp", "amqps"):
-        errors.append(
-            _err(
-                3,
-                f"{SETTING_NAME}['BROKER_URL'] must start with amqp:// or amqps://.",
-                "e.g. amqp://user:password@host:5672/%2F (the vhost '/' is %2F).",
-            )
+    if scheme in ("amqp", "amqps"):
+        return []
+    return [
+        _err(
+            3,
+            f"{SETTING_NAME}['BROKER_URL'] must start with amqp:// or amqps://.",
+            "e.g. amqp://user:password@host:5672/%2F (the vhost '/' is %2F).",
         )
+    ]
+
+
+def _heartbeat() -> Messages:
     hb = app_settings.HEARTBEAT
-    if not isinstance(hb, int) or isinstance(hb, bool) or hb <= 0:
-        errors.append(
-            _err(
-                4,
-                f"{SETTING_NAME}['HEARTBEAT'] must be a positive number of seconds.",
-                "A heartbeat of 0 disables dead-peer detection; use 30-60.",
-            )
+    if isinstance(hb, int) and not isinstance(hb, bool) and hb > 0:
+        return []
+    return [
+        _err(
+            4,
+            f"{SETTING_NAME}['HEARTBEAT'] must be a positive number of seconds.",
+            "A heartbeat of 0 disables dead-peer detection; use 30-60.",
         )
-    for key in (
-        "PREFETCH",
-        "THREADS",
-        "BLOCKED_CONNECTION_TIMEOUT",
-        "RECONNECT_MAX_DELAY",
-        "SHUTDOWN_TIMEOUT",
-        "DELIVERY_LIMIT",
-        "BATCH_SIZE",
-        "CONNECT_TIMEOUT",
-    ):
+    ]
+
+
+def _positive_numbers() -> Messages:
+    out: Messages = []
+    for key in POSITIVE:
         value = getattr(app_settings, key)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            errors.append(
+            out.append(
                 _err(
                     5,
                     f"{SETTING_NAME}['{key}'] must be a positive number.",
                     f"The default is {DEFAULTS[key]!r}.",
                 )
             )
+    return out
+
+
+def _prefix() -> Messages:
     prefix = app_settings.PREFIX
-    if not isinstance(prefix, str) or not prefix or any(c in prefix for c in " *#"):
-        errors.append(
-            _err(
-                6,
-                f"{SETTING_NAME}['PREFIX'] must be a non-empty name without spaces, '*' or '#'.",
-                "The default is 'rmq_retry'.",
-            )
+    if isinstance(prefix, str) and prefix and not any(c in prefix for c in " *#"):
+        return []
+    return [
+        _err(
+            6,
+            f"{SETTING_NAME}['PREFIX'] must be a non-empty name without spaces, '*' or '#'.",
+            "The default is 'rmq_retry'.",
         )
-    if app_settings.QUEUE_TYPE not in ("classic", "quorum"):
-        errors.append(
-            _err(
-                7,
-                f"{SETTING_NAME}['QUEUE_TYPE'] must be 'classic' or 'quorum'.",
-                "Quorum queues need RabbitMQ 3.8+ (at-least-once dead-lettering 3.10+).",
-            )
+    ]
+
+
+def _queue_type() -> Messages:
+    if app_settings.QUEUE_TYPE in ("classic", "quorum"):
+        return []
+    return [
+        _err(
+            7,
+            f"{SETTING_NAME}['QUEUE_TYPE'] must be 'classic' or 'quorum'.",
+            "Quorum queues need RabbitMQ 3.8+ (at-least-once dead-lettering 3.10+).",
         )
+    ]
+
+
+def _delays_and_retry(user: Mapping[str, Any]) -> Messages:
+    out: Messages = []
     levels = None
     try:
         levels = DelayLevels(int(app_settings.DELAY_RESOLUTION_MS), int(app_settings.DELAY_LEVELS))
     except (TypeError, ValueError) as exc:
-        errors.append(
+        out.append(
             _err(
                 8,
                 f"Bad delay levels: {exc}.",
@@ -101,33 +148,32 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     retry = user.get("RETRY") or {}
-    unknown_retry = sorted(set(retry) - RETRY_KEYS) if isinstance(retry, dict) else []
-    if unknown_retry:
-        errors.append(
+    unknown = sorted(set(retry) - RETRY_KEYS) if isinstance(retry, dict) else []
+    if unknown:
+        out.append(
             _err(
                 9,
-                f"Unknown key(s) in {SETTING_NAME}['RETRY']: {', '.join(unknown_retry)}.",
+                f"Unknown key(s) in {SETTING_NAME}['RETRY']: {', '.join(unknown)}.",
                 f"Valid keys: {', '.join(sorted(RETRY_KEYS))}.",
             )
         )
-    else:
-        try:
-            policy = Policy.from_mapping(app_settings.RETRY)
-            if levels and policy.max_delay * 1000 > levels.max_delay_ms:
-                errors.append(
-                    checks.Warning(
-                        f"RETRY max_delay {policy.max_delay}s exceeds the longest delay the delay "
-                        f"levels hold ({levels.max_delay_ms / 1000:.0f}s); longer delays are clamped.",
-                        hint="Raise DELAY_LEVELS or DELAY_RESOLUTION_MS.",
-                        id=f"{ID}.W001",
-                    )
-                )
-        except (TypeError, ValueError) as exc:
-            errors.append(
-                _err(
-                    10,
-                    f"Bad {SETTING_NAME}['RETRY']: {exc}.",
-                    "See the settings table in the README.",
-                )
+        return out
+    try:
+        policy = Policy.from_mapping(app_settings.RETRY)
+    except (TypeError, ValueError) as exc:
+        out.append(
+            _err(
+                10, f"Bad {SETTING_NAME}['RETRY']: {exc}.", "See the settings table in the README."
             )
-    return errors
+        )
+        return out
+    if levels and policy.max_delay * 1000 > levels.max_delay_ms:
+        out.append(
+            checks.Warning(
+                f"RETRY max_delay {policy.max_delay}s exceeds the longest delay the delay "
+                f"levels hold ({levels.max_delay_ms / 1000:.0f}s); longer delays are clamped.",
+                hint="Raise DELAY_LEVELS or DELAY_RESOLUTION_MS.",
+                id=f"{ID}.W001",
+            )
+        )
+    return out

@@ -11,6 +11,8 @@ PY="$VENV/bin/python"
 say "ruff"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+say "layering (import-linter: layers, no cycles, pika only in broker/, a pure core)"
+"$VENV/bin/lint-imports"
 say "migrations are up to date"
 DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
 DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check --fail-level WARNING
