@@ -105,13 +105,23 @@ class Handler:
                 d = replace(d, properties={**d.properties, "headers": {}})
             return self._park(d, rec.name, env, verdict, start_key=start_key)
         message = self._message(d, rec, env, headers, verdict)
-        try:
-            rec.func(message, receiver=rec, topic=rec.topic_for(env.routing_key))
-        except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
-            self._forget(start_key)
-            return self._after_failure(d, rec, env, message, exc)
+        error = self.attempt(rec, message)
         self._forget(start_key)
+        if error is not None:
+            return self._after_failure(d, rec, env, message, error)
         return Ack()
+
+    def attempt(self, rec: Receiver, message: Message) -> BaseException | None:
+        """Run the receiver once; what it raised, if anything.
+
+        The one place every receiver attempt goes through: per-attempt instrumentation
+        (metrics, traces, an attempt history) belongs around this call, not in the loop.
+        """
+        try:
+            rec.func(message, receiver=rec, topic=rec.topic_for(message.routing_key))
+        except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
+            return exc
+        return None
 
     def _forget(self, start_key: str | None) -> None:
         if start_key and self.limits is not None:
