@@ -4,9 +4,15 @@
 #   scripts/brokers.sh rabbit4 up|down|status|env   RabbitMQ 4.0 (Debian trixie) in a debootstrap
 #                                                   root: node rabbit4@localhost, AMQP 5682
 #   scripts/brokers.sh rabbit4 ctl ARGS...          rabbitmqctl against that node
+#   scripts/brokers.sh cluster up|down|clean|status  three RabbitMQ 3.10 nodes (the system's
+#                                                   rabbitmq-server) in a cluster of their own:
+#                                                   rabbitc1..3@localhost, AMQP 5701..5703
+#   scripts/brokers.sh cluster stop-node|start-node N   stop or start node N (fault tests)
+#   scripts/brokers.sh cluster ctl N ARGS...         rabbitmqctl against node N
 #
 # Needs root (or sudo). The trixie root is a cache kept outside the repository
-# (RMQ4_ROOT, default /var/cache/django-rmq-retry/trixie) and built when absent (~2-3 min).
+# (RMQ4_ROOT, default /var/cache/django-rmq-retry/trixie) and built when absent (~1-3 min);
+# the cluster's data lives in RMQ_CLUSTER_DIR (default /var/lib/django-rmq-retry/cluster).
 source "$(dirname "$0")/_common.sh"
 
 R4_ROOT="${RMQ4_ROOT:-/var/cache/django-rmq-retry/trixie}"
@@ -15,7 +21,10 @@ R4_PORT=5682
 R4_DIST=25682
 R4_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+# Erlang's schedulers spin while idle; five nodes on two cores would spin against each other.
+ERL_QUIET_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 need_root() {
   [ "$(id -u)" = 0 ] || command -v sudo >/dev/null \
@@ -82,7 +91,7 @@ r4_up() {
   if r4_answers; then say "RabbitMQ 4 already up: $R4_NODE, amqp://guest:guest@127.0.0.1:$R4_PORT/%2F"; return 0; fi
   say "starting RabbitMQ $(r4_version) as $R4_NODE (AMQP $R4_PORT, distribution $R4_DIST)"
   r4 RABBITMQ_NODENAME="$R4_NODE" RABBITMQ_NODE_PORT="$R4_PORT" RABBITMQ_DIST_PORT="$R4_DIST" \
-    rabbitmq-server -detached
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$ERL_QUIET_ARGS" rabbitmq-server -detached
   local i
   for i in $(seq 1 120); do r4_answers && break; sleep 1; done
   r4_ctl await_startup --timeout 60 >/dev/null 2>&1 || true
@@ -129,11 +138,119 @@ r4_env() {
   echo "export RMQ_CTL='${sudo}chroot $R4_ROOT env HOME=/var/lib/rabbitmq rabbitmqctl -n $R4_NODE'"
 }
 
+
+# --- Three RabbitMQ 3.10 nodes in a cluster of their own --------------------------------
+
+C_DIR="${RMQ_CLUSTER_DIR:-/var/lib/django-rmq-retry/cluster}"
+C_BIN=/usr/lib/rabbitmq/bin
+c_node() { echo "rabbitc$1@localhost"; }
+c_port() { echo $((5700 + $1)); }
+
+c_need() {
+  need_root "cluster"
+  [ -x "$C_BIN/rabbitmq-server" ] || die "RabbitMQ is not installed on this machine; the cluster runs
+       three more nodes of it. Debian/Ubuntu: apt-get install rabbitmq-server"
+  id rabbitmq >/dev/null 2>&1 || die "no 'rabbitmq' user (it comes with apt-get install rabbitmq-server)"
+}
+
+# As the broker's user with its cookie, so the nodes (and rabbitmqctl) trust each other.
+c_as() { as_root runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq "$@"; }
+c_ctl() { local n="$1"; shift; c_as "$C_BIN/rabbitmqctl" -n "$(c_node "$n")" "$@"; }
+c_answers() { c_ctl "$1" -q ping >/dev/null 2>&1 && port_open 127.0.0.1 "$(c_port "$1")"; }
+
+c_write_config() {
+  local n="$1" d="$C_DIR/c$1"
+  as_root mkdir -p "$d/mnesia" "$d/log"
+  # Our own env file: the system's (/etc/rabbitmq/rabbitmq-env.conf) names rabbit@localhost.
+  printf 'ERL_EPMD_ADDRESS=127.0.0.1\n' | as_root tee "$d/rabbitmq-env.conf" >/dev/null
+  printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$(c_port "$n")" | as_root tee "$d/rabbitmq.conf" >/dev/null
+  # 3.10's at-least-once dead-letter worker waits 180 s for a confirm that a stopped node
+  # will never send before it publishes again; 10 s keeps a node stop from stalling parking.
+  echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 10000}]}].' \
+    | as_root tee "$d/advanced.config" >/dev/null
+  echo '[].' | as_root tee "$d/enabled_plugins" >/dev/null
+  as_root chown -R rabbitmq:rabbitmq "$C_DIR"
+}
+
+c_start_node() {
+  local n="$1" d="$C_DIR/c$1" i
+  c_answers "$n" && return 0
+  c_write_config "$n"
+  c_as env RABBITMQ_NODENAME="$(c_node "$n")" RABBITMQ_NODE_PORT="$(c_port "$n")" \
+    RABBITMQ_DIST_PORT=$((25700 + n)) RABBITMQ_CONF_ENV_FILE="$d/rabbitmq-env.conf" \
+    RABBITMQ_CONFIG_FILE="$d/rabbitmq.conf" RABBITMQ_ADVANCED_CONFIG_FILE="$d/advanced.config" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" RABBITMQ_MNESIA_BASE="$d/mnesia" \
+    RABBITMQ_LOG_BASE="$d/log" RABBITMQ_PID_FILE="$d/pid" \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$ERL_QUIET_ARGS" \
+    ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    "$C_BIN/rabbitmq-server" -detached
+  for i in $(seq 1 120); do c_answers "$n" && break; sleep 1; done
+  c_ctl "$n" await_startup --timeout 60 >/dev/null 2>&1 || true
+  c_answers "$n" || die "node $(c_node "$n") did not answer within 120 s; log: $d/log/"
+}
+
+c_stop_node() {
+  if c_ctl "$1" -q ping >/dev/null 2>&1; then
+    # With the pid file rabbitmqctl waits until the Erlang VM is gone, not only the app.
+    c_ctl "$1" stop "$C_DIR/c$1/pid" >/dev/null 2>&1 || true
+  fi
+}
+
+c_member() { c_ctl 1 -q cluster_status --formatter json 2>/dev/null | grep -q "\"$(c_node "$1")\""; }
+
+c_up() {
+  c_need
+  local t0=$SECONDS n
+  for n in 1 2 3; do say "starting $(c_node "$n") (AMQP $(c_port "$n"))"; c_start_node "$n"; done
+  for n in 2 3; do
+    c_member "$n" && continue
+    say "joining $(c_node "$n") to $(c_node 1)"
+    # rabbitmqctl prints feature-flag warnings of a fresh node while it joins: harmless.
+    { c_ctl "$n" stop_app && c_ctl "$n" reset && c_ctl "$n" join_cluster "$(c_node 1)" \
+        && c_ctl "$n" start_app; } >/dev/null 2>&1 || die "joining $(c_node "$n") failed"
+  done
+  for n in 2 3; do c_member "$n" || die "$(c_node "$n") did not join the cluster"; done
+  say "cluster up in $((SECONDS - t0))s: amqp://guest:guest@127.0.0.1:5701,5702,5703/%2F"
+}
+
+c_down() {
+  c_need
+  local n
+  # The last node down must be the first one up again (it holds the newest cluster view);
+  # stopping 3, 2, 1 and starting 1, 2, 3 keeps that order.
+  for n in 3 2 1; do say "stopping $(c_node "$n")"; c_stop_node "$n"; done
+}
+
+c_clean() {
+  c_down
+  say "removing the cluster's data in $C_DIR"
+  as_root rm -rf "$C_DIR"
+}
+
+c_status() {
+  local n rc=0
+  for n in 1 2 3; do
+    if c_answers "$n"; then echo "cluster: $(c_node "$n") up on amqp://guest:guest@127.0.0.1:$(c_port "$n")/%2F"
+    else echo "cluster: $(c_node "$n") down"; rc=1; fi
+  done
+  [ "$rc" = 0 ] && c_ctl 1 -q cluster_status --formatter json 2>/dev/null | grep -o '"running_nodes":\[[^]]*\]'
+  return "$rc"
+}
+
+c_node_arg() { case "${1:-}" in 1|2|3) ;; *) die "node number 1, 2 or 3 expected, got '${1:-}'" ;; esac; }
+
 case "${1:-} ${2:-}" in
   "rabbit4 up") r4_up ;;
   "rabbit4 down") r4_down ;;
   "rabbit4 status") r4_status ;;
   "rabbit4 env") r4_env ;;
   "rabbit4 ctl") shift 2; need_root "rabbit4 ctl"; r4_ctl "$@" ;;
+  "cluster up") c_up ;;
+  "cluster down") c_down ;;
+  "cluster clean") c_clean ;;
+  "cluster status") c_need; c_status ;;
+  "cluster stop-node") c_need; c_node_arg "${3:-}"; c_stop_node "$3" ;;
+  "cluster start-node") c_need; c_node_arg "${3:-}"; c_start_node "$3" ;;
+  "cluster ctl") c_need; c_node_arg "${3:-}"; n="$3"; shift 3; c_ctl "$n" "$@" ;;
   *) usage ;;
 esac
