@@ -25,6 +25,9 @@ SETTING_NAME = "RMQ_RETRY"
 DEFAULTS: dict[str, Any] = {
     # Where the broker is. amqp:// or amqps:// (TLS). The password is never printed.
     "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672/%2F",
+    # A cluster: every node's URL. When not empty it replaces BROKER_URL; connections try the
+    # URLs in turn, and after a lost connection start with the URL after the one lost.
+    "BROKER_URLS": [],
     # TLS options for amqps:// URLs: paths to PEM files; None means the system defaults.
     "TLS_CA_FILE": None,
     "TLS_CERT_FILE": None,
@@ -124,6 +127,16 @@ def _reload(setting: str, **kwargs: Any) -> None:
 
 
 # The settings read as core values ------------------------------------------------------------
+def broker_urls() -> list[str]:
+    """The broker URLs in the order to try them: ``BROKER_URLS``, else ``[BROKER_URL]``."""
+    urls = app_settings.BROKER_URLS or []
+    if isinstance(urls, str) or not all(isinstance(url, str) and url for url in urls):
+        raise ImproperlyConfigured(
+            f"{SETTING_NAME}['BROKER_URLS'] must be a list of amqp:// URLs, got {urls!r}."
+        )
+    return list(urls) or [str(app_settings.BROKER_URL)]
+
+
 def current_names() -> Names:
     return Names(app_settings.PREFIX)
 

@@ -68,6 +68,8 @@ class Publisher:
         #: The pipeline ``publish_many`` pipelines confirms on (opened on first use).
         self._pipeline: broker.Pipeline | None = None
         self._pid = os.getpid()
+        #: The URL of the connection dropped last: the next connect tries the next URL first.
+        self._dropped_url: str | None = None
         self._last_used = 0.0  # time.monotonic() of the last publish on this connection
 
     # Connection management ----------------------------------------------------------------
@@ -95,6 +97,7 @@ class Publisher:
             self._drop()
             self._connection = broker.connect(
                 self._url,
+                after=self._dropped_url,
                 name=f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}",
             )
             channel = self._connection.channel()
@@ -112,6 +115,7 @@ class Publisher:
         conn, self._connection, self._channel = self._connection, None, None
         self._pipeline = None
         if conn is not None:
+            self._dropped_url = conn.url
             conn.close()
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -31,6 +32,14 @@ pytest_plugins = ["django_rmq_retry.testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKER_URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+#: The rabbitmqctl command for the broker of RMQ_URL: a prefix such as the one
+#: ``scripts/brokers.sh rabbit4 env`` prints for the 4.0 node in its chroot.
+RABBITMQCTL = shlex.split(os.environ.get("RMQ_CTL", "rabbitmqctl"))
+
+
+def rabbitmqctl_cmd(*args: str) -> list[str]:
+    """``rabbitmqctl ARGS`` aimed at the node the tests use (every test helper goes here)."""
+    return [*RABBITMQCTL, *args]
 
 
 def _broker_reachable() -> str | None:

@@ -10,6 +10,8 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 RMQ_RETRY = {
     **RMQ_RETRY,
     "PREFIX": env("RMQ_PREFIX", default="rmq_retry_test"),
+    # A cluster's nodes, comma-separated (the cluster leg gives each consumer its own order).
+    "BROKER_URLS": env.list("RMQ_URLS", default=[]),
     "RETRY": {
         "max_attempts": 3,
         "initial_delay": 0.1,

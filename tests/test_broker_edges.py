@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_rmq_retry import PublishError, Topic, UnroutableError, publishing
 from django_rmq_retry.publishing import get_publisher
-from tests.conftest import read_log, start_consumer, wait_for
+from tests.conftest import rabbitmqctl_cmd, read_log, start_consumer, wait_for
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 def close_connections(name: str) -> int:
     """Close every broker connection whose client-provided name is `name` (server side)."""
     out = subprocess.run(
-        ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
+        rabbitmqctl_cmd("-q", "list_connections", "pid", "client_properties"),
         capture_output=True,
         text=True,
         check=True,
@@ -35,7 +35,7 @@ def close_connections(name: str) -> int:
         if f'"{name}"' in line or f'<<"{name}">>' in line:
             pid = line.split("\t", 1)[0]
             subprocess.run(
-                ["rabbitmqctl", "-q", "close_connection", pid, "test: forced close"], check=True
+                rabbitmqctl_cmd("-q", "close_connection", pid, "test: forced close"), check=True
             )
             closed += 1
     return closed

@@ -17,9 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pika
 import pika.exceptions as pex
 
-from ..conf import app_settings
+from ..conf import app_settings, broker_urls
 from ..core.envelope import PROPERTY_NAMES
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
+from ..core.failover import connect_order
 from ..core.topology import Plan
 from . import headerguard
 from .errors import LOST, describe, translated
@@ -49,7 +50,7 @@ def mask_url(url: str) -> str:
 
 
 def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLParameters:
-    url = url or app_settings.BROKER_URL
+    url = url or broker_urls()[0]
     params = pika.URLParameters(url)
     params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
     params.blocked_connection_timeout = float(
@@ -68,11 +69,30 @@ def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLP
     return params
 
 
-def connect(url: str | None = None, **overrides: Any) -> Connection:
+def connect(url: str | None = None, *, after: str | None = None, **overrides: Any) -> Connection:
+    """A connection to ``url``, else to the first configured broker URL that answers.
+
+    Without ``url`` the URLs of ``BROKER_URLS`` are tried in turn, starting after ``after``
+    (the URL whose connection was just lost). A refused login stops the round: every node
+    of a cluster shares its users. When none answers, the last URL's error is raised.
+    """
+    urls = [url] if url else connect_order(broker_urls(), after)
+    for index, candidate in enumerate(urls):
+        try:
+            return _connect_one(candidate, **overrides)
+        except AccessRefused:
+            raise
+        except BrokerUnavailable as exc:
+            if index == len(urls) - 1:
+                raise
+            logger.warning("%s; trying %s", exc, mask_url(urls[index + 1]))
+    raise AssertionError("unreachable: there is always one URL")
+
+
+def _connect_one(url: str, **overrides: Any) -> Connection:
     """A connection, or :class:`BrokerUnavailable` with one readable line (no password)."""
-    url = url or app_settings.BROKER_URL
     try:
-        return Connection(pika.BlockingConnection(connection_parameters(url, **overrides)))
+        return Connection(pika.BlockingConnection(connection_parameters(url, **overrides)), url)
     except pex.ProbableAuthenticationError as exc:
         raise AccessRefused(
             f"RabbitMQ at {mask_url(url)} refused the login (check user and password)"
@@ -96,10 +116,11 @@ def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
 
 
 class Connection:
-    """One AMQP connection. Closing it never raises."""
+    """One AMQP connection (to ``url``). Closing it never raises."""
 
-    def __init__(self, raw: pika.BlockingConnection) -> None:
+    def __init__(self, raw: pika.BlockingConnection, url: str = "") -> None:
         self.raw = raw
+        self.url = url
 
     @property
     def is_open(self) -> bool:

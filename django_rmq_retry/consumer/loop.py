@@ -80,6 +80,8 @@ class Consumer:
         self._stop = threading.Event()
         self._generation = 0
         self._connection: broker.Connection | None = None
+        #: The URL of the connection lost last: a reconnect tries the next broker URL first.
+        self._lost_url: str | None = None
         self._channel: Any = None  # broker.Channel while connected
         self._copies: broker.ConfirmChannel | None = None
         self._unsettled: set[int] = set()
@@ -151,7 +153,8 @@ class Consumer:
         with self._wake_lock:
             self._wake_pending = False  # a wake-up scheduled on the old connection is gone
         self._connection = broker.connect(
-            name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
+            after=self._lost_url,
+            name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}",
         )
         channel = self._connection.channel()
         channel.declare(current_plan(self.receivers, self.names))
@@ -169,7 +172,7 @@ class Consumer:
         logger.info(
             "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
             len(queues),
-            broker.mask_url(app_settings.BROKER_URL),
+            broker.mask_url(self._connection.url),
             self.prefetch,
             self.threads,
         )
@@ -183,6 +186,7 @@ class Consumer:
         conn, self._connection = self._connection, None
         self._channel = self._copies = None
         if conn is not None:
+            self._lost_url = conn.url
             conn.close()
 
     def _close(self) -> None:

@@ -23,7 +23,7 @@ from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
 from django_rmq_retry.registry import default_registry
-from tests.conftest import BROKER_URL, _broker_reachable, wait_for
+from tests.conftest import BROKER_URL, _broker_reachable, rabbitmqctl_cmd, wait_for
 from tests.faults.conftest import Tally, depths, record, settle, spawn, stop
 from tests.testapp.events import other, work
 
@@ -36,7 +36,7 @@ pytestmark = [
 
 
 def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+    subprocess.run(rabbitmqctl_cmd(*args), check=True, capture_output=True, timeout=120)
 
 
 def start_broker() -> None:
@@ -213,7 +213,7 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
                 sock = publisher._connection.raw._impl._transport._sock
                 port = sock.getsockname()[1]
                 listing = subprocess.run(
-                    ["rabbitmqctl", "list_connections", "-q", "pid", "peer_port"],
+                    rabbitmqctl_cmd("list_connections", "-q", "pid", "peer_port"),
                     check=True,
                     capture_output=True,
                     text=True,

@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 
-from tests.conftest import read_log, wait_for
+from tests.conftest import rabbitmqctl_cmd, read_log, wait_for
 from tests.faults.conftest import record, spawn, stop
 from tests.testapp.events import other
 
@@ -51,7 +51,7 @@ def pg_up() -> bool:
 def queue_messages(queue: str) -> int:
     """Ready + unacked messages of a queue, as the broker counts them."""
     out = subprocess.run(
-        ["rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name", "messages"],
+        rabbitmqctl_cmd("list_queues", "-q", "--no-table-headers", "name", "messages"),
         check=True,
         capture_output=True,
         text=True,

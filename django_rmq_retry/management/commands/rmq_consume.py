@@ -11,7 +11,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import broker
-from django_rmq_retry.conf import app_settings, current_levels, current_names, current_plan
+from django_rmq_retry.conf import (
+    app_settings,
+    broker_urls,
+    current_levels,
+    current_names,
+    current_plan,
+)
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.policies import policy_cache
@@ -179,7 +185,7 @@ class Command(BaseCommand):
         names = current_names()
         levels = current_levels()
         out = self.stdout
-        out.write(f"Broker:        {broker.mask_url(app_settings.BROKER_URL)}")
+        out.write(f"Broker:        {', '.join(broker.mask_url(u) for u in broker_urls())}")
         out.write(f"Work exchange: {names.work_exchange} (topic)")
         out.write(f"Queue type:    {app_settings.QUEUE_TYPE}")
         out.write("")
