@@ -8,6 +8,7 @@
 #                                                   rabbitmq-server) in a cluster of their own:
 #                                                   rabbitc1..3@localhost, AMQP 5701..5703
 #   scripts/brokers.sh cluster stop-node|start-node N   stop or start node N (fault tests)
+#   scripts/brokers.sh cluster rebalance             spread the quorum queues' leaders over the nodes
 #   scripts/brokers.sh cluster ctl N ARGS...         rabbitmqctl against node N
 #
 # Needs root (or sudo). The trixie root is a cache kept outside the repository
@@ -251,6 +252,7 @@ case "${1:-} ${2:-}" in
   "cluster status") c_need; c_status ;;
   "cluster stop-node") c_need; c_node_arg "${3:-}"; c_stop_node "$3" ;;
   "cluster start-node") c_need; c_node_arg "${3:-}"; c_start_node "$3" ;;
+  "cluster rebalance") c_need; c_as "$C_BIN/rabbitmq-queues" -n "$(c_node 1)" -q rebalance quorum >/dev/null ;;
   "cluster ctl") c_need; c_node_arg "${3:-}"; n="$3"; shift 3; c_ctl "$n" "$@" ;;
   *) usage ;;
 esac
