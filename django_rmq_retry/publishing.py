@@ -192,8 +192,9 @@ class Publisher:
         **properties: Any,
     ) -> PublishResult:
         data, ctype = encode_body(body, content_type)
-        props = build_properties(ctype, headers, properties)
-        exchange = exchange if exchange is not None else current_names().work_exchange
+        names = current_names()
+        props = build_properties(ctype, headers, properties, names)
+        exchange = exchange if exchange is not None else names.work_exchange
         self.publish_raw(exchange, routing_key, data, props)
         return PublishResult(props["message_id"], exchange, routing_key)
 
@@ -218,11 +219,12 @@ class Publisher:
         and ``failed`` (the message ids of the others); nothing unconfirmed is ever
         reported as published.
         """
-        exchange = current_names().work_exchange
+        names = current_names()
+        exchange = names.work_exchange
         items: list[broker.Outgoing] = []
         for body in bodies:
             data, ctype = encode_body(body, content_type)
-            props = build_properties(ctype, headers, properties)
+            props = build_properties(ctype, headers, properties, names)
             items.append(broker.Outgoing(exchange, routing_key, data, props))
         if not items:
             return []

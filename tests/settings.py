@@ -38,3 +38,6 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": f"/tmp/rmq_retry_test_{_os.getpid()}.sqlite3"}
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_rmq_retry_{_os.getpid()}"}
+
+# A consumer child can be started without time zones (the USE_TZ = False projects of #12).
+USE_TZ = env.bool("RMQ_TEST_USE_TZ", default=True)

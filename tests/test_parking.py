@@ -150,6 +150,7 @@ def test_park_many_counts_identical_new_messages_in_one_batch():
 
 def test_park_many_returns_a_requeued_message_to_its_row():
     row, _ = parking.park(_request(), names=Names("p"))
+    ParkedMessage.objects.filter(pk=row.pk).update(status="requeued", requeue_count=1)
     back = _request(
         attempts=3,
         properties={"message_id": "m1", "headers": {"p-parked-id": str(row.pk), "p-requeued": 1}},

@@ -170,6 +170,7 @@ class Handler:
             routing_key=env.routing_key,
             target_queue=d.queue,
             due_ms=way.due_ms,
+            first_failure=env.first_failure,
         )
         log_line = (
             f"retry {rec.name} message {message.message_id} attempt "

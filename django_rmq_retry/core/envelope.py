@@ -11,11 +11,12 @@ for a retry (:func:`retry_properties`) and the copy published for a requeue
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .failure import Failure
@@ -74,57 +75,143 @@ class Envelope:
     attempt: int  # 1 on the first delivery
     exchange: str  # where the message was first published, even on a retry
     routing_key: str
-    requeued: int  # times an operator requeued it
+    requeued: int  # times an operator requeued it (a claim: parking checks it against the row)
     first_failure: datetime | None
-    parked_id: str | None  # the parked row a requeued copy came from
+    parked_id: str | None  # the parked row a requeued copy says it came from (a claim)
     target: str | None  # the receiver queue a retry or requeue copy is addressed to
     undecodable: str | None  # why the header table could not be read (it was dropped)
     warning: str | None  # a header we ignored, and why
+    via_us: bool = False  # it arrived through our delay levels or deliver exchange
+
+
+#: Headers only our own retry copies may carry: read only from a delivery that came back
+#: through our delay levels or deliver exchange (:func:`came_through_us`), ignored elsewhere.
+RETRY_HEADERS = ("attempt", "first-failure", "original-exchange", "original-routing-key")
+#: The oldest first-failure time we accept, and how far ahead of the clock.
+_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_CLOCK_SKEW = timedelta(days=1)
+#: A parked row id: ASCII digits that fit a signed 64-bit primary key.
+_ROW_ID = re.compile(r"[0-9]{1,18}")
+
+
+def came_through_us(exchange: str, names: Names) -> bool:
+    """Whether a delivery arrived on a route only our own copies take.
+
+    Retry copies reach a receiver queue from the deliver exchange, dead-lettered from a
+    delay level, or through the orphans exchange; a receiver-mode requeue from the deliver
+    exchange. Everything a publisher sends to the work exchange (or any other) is foreign
+    input, whatever headers it carries (forwarded from another message, or forged).
+    """
+    if exchange in (names.deliver_exchange, names.orphan_exchange):
+        return True
+    prefix = names.delay_exchange(0)[:-2]
+    tail = exchange[len(prefix) :]
+    return exchange.startswith(prefix) and len(tail) == 2 and tail.isdigit() and tail.isascii()
 
 
 def read_incoming(
     headers: Mapping[str, Any] | None, exchange: str, routing_key: str, names: Names
 ) -> Envelope:
-    """Everything our headers say about a delivery that arrived on ``exchange``/``routing_key``."""
+    """Everything our headers say about a delivery that arrived on ``exchange``/``routing_key``.
+
+    Our headers are input like any other: each is type- and range-checked, and the ones only
+    a retry copy carries (attempt, first failure, original route) count only when the
+    delivery came through our own route (:func:`came_through_us`). A message published
+    straight to the work exchange is always attempt 1 at its own routing key.
+    """
     headers = headers or {}
-    attempt, warning = _attempt(headers, names)
     h = names.header
-    original_exchange = _str(headers, h("original-exchange"))
-    original_key = _str(headers, h("original-routing-key"))
-    if original_exchange is not None and original_key is not None:
-        # Copies travelling through the delay levels carry a binary routing key.
-        exchange, routing_key = original_exchange, original_key
+    via_us = came_through_us(exchange, names)
+    warning = None
+    first_failure = None
+    if via_us:
+        attempt, warning = _attempt(headers, names)
+        original = _route(headers, names)
+        if original is not None:
+            # Copies travelling through the delay levels carry a binary routing key.
+            exchange, routing_key = original
+        first_failure = valid_first_failure(headers.get(h("first-failure")))
+    else:
+        attempt = 1
+        ignored = [h(k) for k in RETRY_HEADERS if h(k) in headers]
+        if ignored:
+            warning = (
+                f"ignored {', '.join(ignored)}: only our own retry copies carry them, and "
+                f"this message was published to {exchange!r}"
+            )
     undecodable = headers.get(UNDECODABLE_HEADERS) if UNDECODABLE_HEADERS in headers else None
+    requeued = _int(headers, h("requeued"))
+    parked_id = _str(headers, h("parked-id"))
     return Envelope(
         attempt=attempt,
         exchange=exchange,
         routing_key=routing_key,
-        requeued=_int(headers, h("requeued")) or 0,
-        first_failure=_when(_str(headers, h("first-failure"))),
-        parked_id=_str(headers, h("parked-id")),
+        requeued=requeued if requeued is not None and 0 <= requeued <= MAX_ATTEMPT else 0,
+        first_failure=first_failure,
+        parked_id=parked_id if parked_id is not None and _ROW_ID.fullmatch(parked_id) else None,
         target=_str(headers, names.target_header),
         undecodable=None if undecodable is None else str(undecodable),
         warning=warning,
+        via_us=via_us,
     )
 
 
 def _attempt(headers: Mapping[str, Any], names: Names) -> tuple[int, str | None]:
     """Attempt number (1-based) and a warning if the header was bad.
 
-    Missing means 1. A header that is not a positive integer (a string, a list, a negative
-    number...) restarts the count at 1 rather than crash or loop; the warning says why.
+    Missing means 1. A header that is not an integer from 1 to ``MAX_ATTEMPT`` (a string,
+    a list, a negative or absurd number...) restarts the count at 1 rather than crash, loop,
+    or park a message as "failed a million times"; the warning says why.
     """
-    raw = headers.get(names.header("attempt"))
+    name = names.header("attempt")
+    raw = headers.get(name)
     if raw is None:
         return 1, None
     if isinstance(raw, bool) or not isinstance(raw, int):
-        if isinstance(raw, str | bytes) and raw.strip().isdigit():
-            raw = int(raw)
+        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+        if isinstance(text, str) and text.strip().isascii() and text.strip().isdigit():
+            raw = int(text.strip()[:20])
         else:
-            return 1, f"ignored malformed {names.header('attempt')} header {_short(raw)}"
-    if raw < 1:
-        return 1, f"ignored non-positive {names.header('attempt')} header {raw}"
-    return min(raw, MAX_ATTEMPT), None
+            return 1, f"ignored malformed {name} header {_short(raw)}"
+    if not 1 <= raw <= MAX_ATTEMPT:
+        return 1, f"ignored out-of-range {name} header {_short(raw)}"
+    return raw, None
+
+
+def _route(headers: Mapping[str, Any], names: Names) -> tuple[str, str] | None:
+    """The original exchange and routing key, if both are valid AMQP short strings."""
+    exchange = _str(headers, names.header("original-exchange"))
+    key = _str(headers, names.header("original-routing-key"))
+    if exchange is None or key is None:
+        return None
+    if len(exchange.encode("utf-8", "surrogatepass")) > 255:
+        return None
+    if len(key.encode("utf-8", "surrogatepass")) > 255:
+        return None
+    return exchange, key
+
+
+def valid_first_failure(value: Any) -> datetime | None:
+    """A first-failure header as an aware UTC time, or ``None`` if it is not a plausible one.
+
+    Only ISO 8601 text with a UTC offset, from 2000 to a day past now: a value at the edge
+    of the calendar (year 1 or 9999 with an offset) cannot be converted or stored by every
+    database, and must never make parking fail.
+    """
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+        if at.tzinfo is None or at.utcoffset() is None:
+            return None
+        at = at.astimezone(timezone.utc)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    if not _EARLIEST <= at <= datetime.now(timezone.utc) + _CLOCK_SKEW:
+        return None
+    return at
 
 
 def _int(headers: Mapping[str, Any], name: str) -> int | None:
@@ -133,8 +220,10 @@ def _int(headers: Mapping[str, Any], name: str) -> int | None:
         return None
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, str | bytes) and raw.strip().isdigit():
-        return int(raw)
+    if isinstance(raw, bytes):
+        raw = raw.decode("ascii", "replace")
+    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        return int(raw.strip()[:20])
     return None
 
 
@@ -143,15 +232,6 @@ def _str(headers: Mapping[str, Any], name: str) -> str | None:
     if isinstance(raw, bytes):
         return raw.decode("utf-8", "replace")
     return raw if isinstance(raw, str) else None
-
-
-def _when(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -174,19 +254,42 @@ def iso(at: datetime) -> str:
 
 # Outgoing ---------------------------------------------------------------------------------
 def build_properties(
-    content_type: str, headers: Mapping[str, Any] | None, properties: Mapping[str, Any]
+    content_type: str,
+    headers: Mapping[str, Any] | None,
+    properties: Mapping[str, Any],
+    names: Names | None = None,
 ) -> dict[str, Any]:
-    """Properties of a fresh message: the caller's, plus persistence, an id and a timestamp."""
+    """Properties of a fresh message: the caller's, plus persistence, an id and a timestamp.
+
+    With ``names``, the caller's headers lose every reserved one (:func:`fresh_headers`).
+    """
     unknown = set(properties) - CALLER_PROPERTIES
     if unknown:
         raise TypeError(f"unknown message properties: {', '.join(sorted(unknown))}")
     props: dict[str, Any] = dict(properties)
     props["content_type"] = content_type
     props["delivery_mode"] = 2
-    props["headers"] = dict(headers or {})
+    props["headers"] = fresh_headers(headers, names) if names else dict(headers or {})
     props.setdefault("message_id", uuid.uuid4().hex)
     props.setdefault("timestamp", int(time.time()))
     return props
+
+
+def fresh_headers(headers: Mapping[str, Any] | None, names: Names) -> dict[str, Any]:
+    """A fresh message's headers: the caller's minus ours and the broker's.
+
+    Headers named ``<prefix>-...`` describe one message's story (its attempt, first
+    failure, original route, parked row): passed on from a received message (for tracing,
+    ``headers=message.headers``) they would make the new message start at a later attempt
+    and report another topic's route. Broker-owned ones (``x-death`` & co.) are the
+    broker's to write. Both are dropped; every other header is kept as given.
+    """
+    ours = names.header("")
+    return {
+        k: v
+        for k, v in clean_headers(headers).items()
+        if not str(k).startswith(ours) and k != UNDECODABLE_HEADERS
+    }
 
 
 def _copy(properties: Mapping[str, Any], names: Names, ours: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,10 +329,15 @@ def retry_properties(
     routing_key: str,
     target_queue: str,
     due_ms: int,
+    first_failure: datetime | None = None,
 ) -> dict[str, Any]:
-    """Properties of the copy published for the next attempt."""
+    """Properties of the copy published for the next attempt.
+
+    ``first_failure`` is the validated time of the first failure (``Envelope.first_failure``),
+    never the header's text: a copy carries only values we checked.
+    """
     h = names.header
-    first = _str(properties.get("headers") or {}, h("first-failure")) or iso(failure.at)
+    first = iso(first_failure or failure.at)
     return _copy(
         properties,
         names,

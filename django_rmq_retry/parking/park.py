@@ -2,7 +2,8 @@
 
 Guarantees: :func:`park` and :func:`park_many` commit the row before the caller acks;
 parking the same delivery twice (a redelivery after a crash between commit and ack) leaves
-one row; a requeued message that fails again returns to its own row.
+one row; a requeued message that fails again returns to its own row, and only to it; a new
+failure never merges into a requeued or discarded row, nor into another receiver's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -78,7 +80,19 @@ class _Prepared:
     fields: dict[str, Any]
     event: dict[str, Any]
     parked_id: str | None
+    requeued: int
     now: datetime
+
+
+def _db_time(at: datetime | None) -> datetime | None:
+    """``at`` as the database column takes it: aware with ``USE_TZ``, else naive local time.
+
+    The consumer's clock is aware (UTC); without time zones Django's SQLite and MySQL
+    backends refuse aware values, which would make every parking fail and the message loop.
+    """
+    if at is None or settings.USE_TZ or timezone.is_naive(at):
+        return at
+    return timezone.make_naive(at)
 
 
 def _prepare(req: ParkRequest, names: Names) -> _Prepared:
@@ -110,12 +124,12 @@ def _prepare(req: ParkRequest, names: Names) -> _Prepared:
         "traceback": text_column(req.traceback),
         "fingerprint": text_column(req.fingerprint)[:255],
         "attempts": req.attempts,
-        "first_failure_at": req.first_failure_at,
-        "last_failure_at": req.last_failure_at,
+        "first_failure_at": _db_time(req.first_failure_at),
+        "last_failure_at": _db_time(req.last_failure_at),
         "parked_at": now,
     }
     env = _envelope(req, names)
-    return _Prepared(_key(req, env), fields, event, env.parked_id, now)
+    return _Prepared(_key(req, env), fields, event, env.parked_id, env.requeued, now)
 
 
 def park(
@@ -127,8 +141,7 @@ def park(
     """
     names = names or current_names()
     p = _prepare(req, names)
-    key, fields, event, parked_id, now = p.key, p.fields, p.event, p.parked_id, p.now
-    if not parked_id:
+    if not p.parked_id:
         # The common case, a message parked for the first time: one INSERT (one round trip
         # in autocommit). A duplicate key means this delivery was parked before (a
         # redelivery after a lost ack): fall through to the careful path.
@@ -137,47 +150,93 @@ def park(
         try:
             with transaction.atomic(using=using) if in_atomic else contextlib.nullcontext():
                 row = ParkedMessage.objects.using(using).create(
-                    park_key=key, history=[event], **fields
+                    park_key=p.key, history=[p.event], **p.fields
                 )
         except IntegrityError:
             pass
         else:
             _after_park(row, req, True)
             return row, True
-    with transaction.atomic(using=using):
-        existing = ParkedMessage.objects.using(using).filter(park_key=key).order_by().first()
-        if existing is not None:
+    for _race in range(3):
+        try:
+            with transaction.atomic(using=using):
+                row, created = _place(req, p, using)
+        except IntegrityError:
+            # Only a racing writer of the same key explains this (another consumer parked
+            # this delivery between our lookup and our insert): look again. Anything else
+            # (a CHECK, a trigger) is raised, never retried in a loop.
+            if not ParkedMessage.objects.using(using).filter(park_key=p.key).exists():
+                raise
+            continue
+        _after_park(row, req, created)
+        return row, created
+    raise IntegrityError(f"park key {p.key} kept changing under concurrent writers")
+
+
+def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, bool]:
+    """Inside a transaction: find this delivery's row, re-open its requeued row, or create one.
+
+    A row is only ever continued by the story it belongs to. An existing row with the same
+    key counts as this delivery's only while it is still *parked* (a redelivery after a
+    lost ack, or an identical message, counted); a requeued or discarded row's story is
+    over, so its key is retired and this failure gets a row of its own. A requeued copy
+    returns to its row only when that row really sent it (:func:`_requeued_row`).
+    """
+    manager = ParkedMessage.objects.using(using)
+    existing = manager.select_for_update().filter(park_key=p.key).order_by().first()
+    if existing is not None:
+        if existing.status == ParkedStatus.PARKED:
             if not req.redelivered:
                 # Not a redelivery: an identical message was parked before. Count it.
-                ParkedMessage.objects.using(using).filter(pk=existing.pk).update(
-                    park_count=F("park_count") + 1
-                )
+                manager.filter(pk=existing.pk).update(park_count=F("park_count") + 1)
             return existing, False
-        if parked_id and parked_id.isdigit():
-            row = (
-                ParkedMessage.objects.using(using)
-                .select_for_update()
-                .filter(pk=int(parked_id))
-                .first()
-            )
-            if row is not None:
-                for name, value in fields.items():
-                    setattr(row, name, value)
-                row.park_key = key
-                row.status = ParkedStatus.PARKED
-                row.status_changed_at = now
-                row.status_changed_by = ""
-                row.claim_token = ""
-                row.park_count = row.park_count + 1
-                row.history = [*(row.history or []), event][-50:]
-                row.save()
-                created = False
-                _after_park(row, req, created)
-                return row, created
-        row = ParkedMessage.objects.using(using).create(park_key=key, history=[event], **fields)
-        created = True
-    _after_park(row, req, created)
-    return row, created
+        manager.filter(pk=existing.pk).update(park_key=f"~{existing.pk}")
+    row = _requeued_row(p, req, using) if p.parked_id else None
+    if row is None:
+        return manager.create(park_key=p.key, history=[p.event], **p.fields), True
+    for name, value in p.fields.items():
+        setattr(row, name, value)
+    row.park_key = p.key
+    row.status = str(ParkedStatus.PARKED)
+    row.status_changed_at = p.now
+    row.status_changed_by = ""
+    row.claim_token = ""
+    row.park_count = row.park_count + 1
+    row.history = [*(row.history or []), p.event][-50:]
+    row.save()
+    return row, False
+
+
+def _requeued_row(p: _Prepared, req: ParkRequest, using: str) -> ParkedMessage | None:
+    """The row a requeued copy came from, locked; ``None`` unless everything agrees.
+
+    Its ``parked-id`` header is a claim, not a fact (forwarded, forged, or a topic requeue
+    that reached a sibling): the row must exist, belong to this receiver's queue, hold this
+    message (id and body), and be requeued as many times as the copy says (or be mid-way
+    through that requeue: the copy can fail before the requeue marks its row). Otherwise
+    the failure is a fresh one and gets a row of its own.
+    """
+    row = (
+        ParkedMessage.objects.using(using)
+        .select_for_update()
+        .filter(pk=int(p.parked_id or 0))
+        .first()
+    )
+    if row is None:
+        return None
+    if (row.queue, row.receiver, row.message_id) != (
+        p.fields["queue"],
+        p.fields["receiver"],
+        p.fields["message_id"],
+    ):
+        return None
+    requeued = p.requeued
+    if not (
+        (row.status == ParkedStatus.REQUEUED and row.requeue_count == requeued)
+        or (row.status == ParkedStatus.REQUEUING and row.requeue_count + 1 == requeued)
+    ):
+        return None
+    return row if bytes(row.body) == req.body else None
 
 
 def park_many(

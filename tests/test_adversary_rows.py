@@ -1,0 +1,260 @@
+"""Rows keep their story, and our headers are untrusted input (issue #12), on the real broker.
+
+Each test tells one small story an adversary (or an ordinary foreign publisher, or a
+receiver that forwards headers for tracing) can tell, and counts receiver runs and rows end
+to end. Loop-prone stories run the consumer as a child with a deadline, so a regression
+shows as a count, never as a hung test run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pika
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_rmq_retry import Topic, parking
+from django_rmq_retry.models import ParkedMessage
+from tests.conftest import read_log, start_consumer
+from tests.testapp.events import work
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+
+
+def consume(*receivers: str, idle: float = 2.5) -> None:
+    call_command("rmq_consume", *receivers, max_idle_time=idle, verbosity=0)
+
+
+def starts(log, receiver: str) -> Counter:
+    return Counter(
+        e["id"] for e in read_log(log) if e["event"] == "start" and e["receiver"] == receiver
+    )
+
+
+def foreign_publish(rmq, exchange: str, key: str, body: bytes, headers: dict, **props: Any) -> None:
+    """Publish as a client that is not ours would (pika directly, no message id unless given)."""
+    props.setdefault("content_type", "application/json")
+    rmq.ch().basic_publish(
+        exchange, key, body, pika.BasicProperties(headers=headers, delivery_mode=2, **props)
+    )
+
+
+def run_child(rmq, *receivers: str, deadline: float = 40.0, **env: str) -> str:
+    """A consumer child that must go idle (and exit) on its own; killed at ``deadline``."""
+    child = start_consumer(rmq.prefix, rmq.log, *receivers, "--max-idle-time", "3", **env)
+    try:
+        child.wait(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    out, _ = child.communicate(timeout=10)
+    return out
+
+
+# USE_TZ = False ----------------------------------------------------------------------------
+def test_parking_works_without_time_zones(rmq):
+    """A project with USE_TZ = False parks like any other: 3 runs, one row, no loop."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    work.send({"id": 1, "fail": "always", "only": ["alpha"]})
+    out = run_child(rmq, "alpha", RMQ_TEST_USE_TZ="false")
+    runs = starts(rmq.log, "alpha")
+    assert runs == {1: 3}, (runs, out[-2000:])
+    row = ParkedMessage.objects.get()
+    assert (row.status, row.reason, row.attempts) == ("parked", "exhausted", 3)
+    assert rmq.depth(rmq.queue("alpha")) == 0
+
+
+# A new failure never merges into a finished row --------------------------------------------
+@pytest.mark.parametrize("ending", ["requeued", "discarded"])
+def test_an_identical_failure_after_the_first_ended_gets_a_row_of_its_own(
+    rmq, registry_snapshot, ending
+):
+    """No message id, the same body twice: the second failure is parked, not swallowed."""
+    topic = Topic("adv.same")
+    state = {"fail": True}
+    runs: list[int] = []
+
+    @topic.connect
+    def same(message, **kwargs):
+        runs.append(message.attempt)
+        if state["fail"]:
+            raise ValueError("down")
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    body = b'{"order": 7}'
+    foreign_publish(rmq, rmq.names.work_exchange, "adv.same", body, {})
+    consume("same")
+    first = ParkedMessage.objects.get()
+    if ending == "requeued":
+        state["fail"] = False
+        assert parking.requeue(ParkedMessage.objects.all()).requeued == 1
+        consume("same")  # handled this time
+    else:
+        assert parking.discard(ParkedMessage.objects.all()) == 1
+    state["fail"] = True
+    foreign_publish(rmq, rmq.names.work_exchange, "adv.same", body, {})
+    consume("same")
+    assert runs == [1, 2, 3, *([1] if ending == "requeued" else []), 1, 2, 3]
+    first.refresh_from_db()
+    assert (first.status, first.park_count) == (ending, 1)
+    second = ParkedMessage.objects.get(status="parked")
+    assert second.pk != first.pk and bytes(second.body) == body and second.attempts == 3
+
+
+def test_a_redelivered_parking_of_the_same_delivery_still_keeps_one_row():
+    """The dedupe that stays: a redelivery after a lost ack finds its parked row."""
+    req = parking.ParkRequest(
+        receiver="r",
+        queue="p.r",
+        exchange="p.work",
+        routing_key="k",
+        body=b"{}",
+        properties={"headers": {}},
+        reason="exhausted",
+        reason_detail="",
+        attempts=3,
+        redelivered=False,
+    )
+    row, created = parking.park(req)
+    again, created_again = parking.park(
+        parking.ParkRequest(**{**req.__dict__, "redelivered": True})
+    )
+    assert created and not created_again and row.pk == again.pk
+
+
+# Requeue to the topic: each sibling keeps its own row ------------------------------------
+def test_siblings_failing_on_a_topic_requeue_each_keep_their_row(rmq, registry_snapshot):
+    topic = Topic("adv.sib")
+    failing = {"sib_a"}
+    runs: Counter = Counter()
+
+    def make(name):
+        def rec(message, **kwargs):
+            runs[name] += 1
+            if name in failing:
+                raise ValueError(f"{name} down")
+
+        rec.__name__ = rec.__qualname__ = name
+        return rec
+
+    sib_a, sib_b = make("sib_a"), make("sib_b")
+    topic.connect(sib_a)
+    topic.connect(sib_b)
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    topic.send({"n": 1})
+    consume("sib_a", "sib_b")
+    row_a = ParkedMessage.objects.get()
+    assert row_a.receiver.endswith("sib_a") and runs == {"sib_a": 3, "sib_b": 1}
+    failing.add("sib_b")
+    result = parking.requeue(ParkedMessage.objects.all(), mode=parking.MODE_TOPIC)
+    assert result.requeued == 1
+    consume("sib_a", "sib_b")
+    assert runs == {"sib_a": 6, "sib_b": 4}
+    rows = {r.receiver.rsplit(".", 1)[-1]: r for r in ParkedMessage.objects.all()}
+    assert set(rows) == {"sib_a", "sib_b"}, rows
+    assert rows["sib_a"].pk == row_a.pk and rows["sib_a"].park_count == 2
+    assert rows["sib_a"].status == rows["sib_b"].status == "parked"
+    assert rows["sib_b"].park_count == 1 and rows["sib_b"].error_message == "sib_b down"
+
+
+# Forwarded headers -------------------------------------------------------------------------
+def test_headers_forwarded_to_another_topic_start_a_fresh_story(rmq, registry_snapshot):
+    first_topic, second_topic = Topic("adv.fwd.one"), Topic("adv.fwd.two")
+    seen: list[tuple[int, str, str, Any]] = []
+
+    @first_topic.connect
+    def forwarder(message, **kwargs):
+        if message.attempt == 1:
+            raise ValueError("first attempt fails")
+        second_topic.send(message.body, headers=message.headers)  # e.g. for tracing
+
+    @second_topic.connect
+    def sink(message, **kwargs):
+        seen.append(
+            (message.attempt, message.routing_key, message.exchange, message.headers.get("trace"))
+        )
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    first_topic.send({"n": 1}, headers={"trace": "abc"})
+    consume("forwarder", "sink")
+    assert seen == [(1, "adv.fwd.two", rmq.names.work_exchange, "abc")]
+
+
+# Forged reserved headers -------------------------------------------------------------------
+@pytest.mark.parametrize("status", ["parked", "requeued", "discarded"])
+def test_a_forged_parked_id_never_touches_another_row(rmq, status):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    work.send({"id": 1, "fail": "always", "only": ["alpha"]})
+    consume("alpha", "beta")
+    ParkedMessage.objects.update(status=status, requeue_count=1)
+    victim = ParkedMessage.objects.get()
+    h = rmq.names.header
+    forged = {h("parked-id"): str(victim.pk), h("requeued"): 1}
+    body = b'{"id": 2, "fail": "always"}'  # fails in alpha (the victim's receiver) and beta
+    foreign_publish(rmq, rmq.names.work_exchange, "test.work", body, forged, message_id="evil")
+    consume("alpha", "beta")
+    before = (victim.status, victim.park_count, bytes(victim.body), victim.message_id)
+    victim.refresh_from_db()
+    assert (victim.status, victim.park_count, bytes(victim.body), victim.message_id) == before
+    assert victim.status == status
+    fresh = ParkedMessage.objects.exclude(pk=victim.pk)
+    assert sorted(r.receiver.rsplit(".", 1)[-1] for r in fresh) == ["alpha", "beta"]
+    assert {bytes(r.body) for r in fresh} == {body}
+    assert starts(rmq.log, "alpha")[2] == 3 and starts(rmq.log, "beta")[2] == 3
+
+
+def test_forged_retry_headers_from_a_foreign_publisher_are_ignored(rmq):
+    """Attempt, first failure and original route on a message sent to the work exchange."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    h = rmq.names.header
+    cases = {
+        1: {h("attempt"): 3, h("first-failure"): "0001-01-01T00:00:00+05:00"},
+        2: {h("attempt"): 10**12, h("first-failure"): "9999-12-31T23:59:59-05:00"},
+        3: {h("attempt"): "2", h("first-failure"): "not a time"},
+        4: {h("original-exchange"): "forged.ex", h("original-routing-key"): "forged.key"},
+    }
+    for n, headers in cases.items():
+        body = f'{{"id": {n}, "fail": "always", "only": ["alpha"]}}'.encode()
+        foreign_publish(rmq, rmq.names.work_exchange, "test.work", body, headers)
+    out = run_child(rmq, "alpha")
+    assert starts(rmq.log, "alpha") == {1: 3, 2: 3, 3: 3, 4: 3}, out[-3000:]
+    rows = ParkedMessage.objects.all()
+    assert len(rows) == 4
+    recent = timezone.now() - timedelta(minutes=5)
+    for row in rows:
+        assert (row.attempts, row.reason) == (3, "exhausted")
+        assert (row.exchange, row.routing_key) == (rmq.names.work_exchange, "test.work")
+        assert row.first_failure_at >= recent
+    # A requeue to the topic goes to the key the message really had, not the forged one.
+    result = parking.requeue(ParkedMessage.objects.all(), mode=parking.MODE_TOPIC)
+    assert result.requeued == 4 and rmq.depth(rmq.queue("alpha")) == 4
+
+
+def test_reserved_headers_on_our_own_route_are_still_validated(rmq):
+    """Even a copy arriving through the deliver exchange is checked value by value."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    h = rmq.names.header
+    target = rmq.queue("alpha")
+    cases = {
+        1: {h("attempt"): 3, h("first-failure"): "0001-01-01T00:00:00+05:00"},
+        2: {h("attempt"): 3, h("first-failure"): "9999-12-31T23:59:59-05:00"},
+        3: {h("attempt"): 10**12},
+        4: {h("attempt"): 3, h("first-failure"): 12345},
+    }
+    for n, headers in cases.items():
+        body = f'{{"id": {n}, "fail": "always"}}'.encode()
+        foreign_publish(
+            rmq, rmq.names.deliver_exchange, "", body, {**headers, rmq.names.target_header: target}
+        )
+    out = run_child(rmq, "alpha")
+    assert starts(rmq.log, "alpha") == {1: 1, 2: 1, 3: 3, 4: 1}, out[-3000:]
+    rows = ParkedMessage.objects.all()
+    assert len(rows) == 4
+    recent = timezone.now() - timedelta(minutes=5)
+    assert all(r.first_failure_at >= recent and r.attempts == 3 for r in rows)
+    assert starts(rmq.log, "beta") == {}
+    assert rmq.depth(target) == 0
