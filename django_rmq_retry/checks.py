@@ -15,6 +15,7 @@ from django.core import checks
 from .conf import DEFAULTS, RETRY_KEYS, SETTING_NAME, app_settings
 from .core.backoff import Policy
 from .core.delays import DelayLevels
+from .core.topology import QUORUM_DELIVERY_LIMIT
 
 ID = "django_rmq_retry"
 
@@ -31,6 +32,10 @@ POSITIVE = (
     "BATCH_SIZE",
     "CONNECT_TIMEOUT",
 )
+
+
+#: The longest ``x-message-ttl`` RabbitMQ accepts (milliseconds, unsigned 32 bits).
+BROKER_MAX_TTL_MS = 2**32 - 1
 
 
 def _err(n: int, msg: str, hint: str) -> checks.Error:
@@ -51,6 +56,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_prefix(),
         *_queue_type(),
         *_delays_and_retry(user),
+        *_delivery_limit(),
+        *_reserved_prefix(),
+        *_level_ttls(),
     ]
 
 
@@ -177,3 +185,58 @@ def _delays_and_retry(user: Mapping[str, Any]) -> Messages:
             )
         )
     return out
+
+
+def _delivery_limit() -> Messages:
+    """Our start count must park before the broker's quorum limit dead-letters the message."""
+    limit = app_settings.DELIVERY_LIMIT
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < QUORUM_DELIVERY_LIMIT:
+        return []  # a non-number is E005's
+    return [
+        _err(
+            11,
+            f"{SETTING_NAME}['DELIVERY_LIMIT'] = {limit} can never be reached: quorum receiver "
+            f"queues are declared with x-delivery-limit {QUORUM_DELIVERY_LIMIT}, and the "
+            "broker dead-letters a message at that count first.",
+            f"Use a value well below {QUORUM_DELIVERY_LIMIT} (the default is "
+            f"{DEFAULTS['DELIVERY_LIMIT']}); it counts receiver starts that never finished.",
+        )
+    ]
+
+
+def _reserved_prefix() -> Messages:
+    """``x-`` headers never match in a headers exchange; ``amq.`` names are the broker's."""
+    prefix = app_settings.PREFIX
+    if not isinstance(prefix, str):
+        return []  # E006's
+    lowered = prefix.lower()
+    if not (lowered.startswith("x-") or lowered == "amq" or lowered.startswith("amq.")):
+        return []
+    return [
+        _err(
+            12,
+            f"{SETTING_NAME}['PREFIX'] = {prefix!r} is reserved by RabbitMQ: headers starting "
+            "with 'x-' are ignored by the deliver exchange's exact match (every retry would "
+            "end orphaned), and names starting with 'amq.' cannot be declared.",
+            "Choose a prefix that starts with neither 'x-' nor 'amq' (the default is 'rmq_retry').",
+        )
+    ]
+
+
+def _level_ttls() -> Messages:
+    """A delay level whose TTL the broker refuses cannot be declared: nothing would start."""
+    try:
+        levels = DelayLevels(int(app_settings.DELAY_RESOLUTION_MS), int(app_settings.DELAY_LEVELS))
+    except (TypeError, ValueError):
+        return []  # E008's
+    top = levels.ttl_ms(levels.levels - 1)
+    if top <= BROKER_MAX_TTL_MS:
+        return []
+    return [
+        _err(
+            13,
+            f"The longest delay level's TTL ({top} ms = DELAY_RESOLUTION_MS × 2^(DELAY_LEVELS−1)) "
+            f"exceeds RabbitMQ's limit for x-message-ttl ({BROKER_MAX_TTL_MS} ms, ~49.7 days).",
+            "Lower DELAY_LEVELS or DELAY_RESOLUTION_MS.",
+        )
+    ]

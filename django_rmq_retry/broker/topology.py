@@ -35,8 +35,26 @@ def declare(channel: BlockingChannel, the_plan: Plan) -> None:
         if exc.reply_code == 406:
             raise TopologyError(
                 f"{current} already exists with different arguments: {exc.reply_text}. "
-                "Delete it (it will be declared again) or make the settings match."
+                + _what_to_do(exc.reply_text)
             ) from exc
         raise TopologyError(
             f"declaring {current} failed: {exc.reply_code} {exc.reply_text}"
         ) from exc
+
+
+#: Arguments a quorum queue declared before we set its delivery limit lacks.
+_LIMIT_ARGS = ("x-delivery-limit", "x-dead-letter-exchange", "x-dead-letter-strategy", "x-overflow")
+
+
+def _what_to_do(reply_text: str) -> str:
+    """The operator's next step for a 406 (inequivalent arguments)."""
+    if any(f"'{arg}'" in reply_text for arg in _LIMIT_ARGS) and "current is none" in reply_text:
+        return (
+            "This quorum queue was declared by an older django-rmq-retry without an explicit "
+            "delivery limit and dead-letter exchange: on RabbitMQ 4.0+ it drops a message "
+            "returned 20 times (warm restarts with it prefetched count). RabbitMQ cannot change "
+            "a queue's arguments in place: stop publishers and consumers of it, let a consumer "
+            "of the old version drain it (or move its messages with a shovel), delete it, then "
+            "run 'manage.py rmq_consume --setup-only' with this version to declare it again."
+        )
+    return "Delete it (it will be declared again) or make the settings match."

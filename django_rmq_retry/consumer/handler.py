@@ -19,6 +19,7 @@ from django.conf import settings
 
 from ..conf import app_settings
 from ..core.backoff import Policy
+from ..core.deadletter import dead_letter_park, last_death
 from ..core.delays import DelayLevels, route
 from ..core.envelope import Envelope, read_incoming, retry_properties
 from ..core.failure import (
@@ -33,6 +34,7 @@ from ..core.failure import (
 from ..core.message import Message
 from ..core.names import Names
 from ..core.outcome import Park, RetryLater, Run, decide, triage
+from ..core.topology import QUORUM_DELIVERY_LIMIT
 from ..parking import ParkRequest
 from ..policies import policy_cache
 from ..registry import Receiver
@@ -79,6 +81,8 @@ class Handler:
 
     def handle(self, d: Delivery) -> Action:
         headers = d.properties.get("headers") or {}
+        if d.receiver is None and d.queue == self.names.dead_queue:
+            return self._park_dead_letter(d, headers)
         env = read_incoming(headers, d.exchange, d.routing_key, self.names)
         rec = d.receiver
         if rec is None:  # the orphans queue: a retry whose receiver queue vanished
@@ -110,6 +114,19 @@ class Handler:
         if error is not None:
             return self._after_failure(d, rec, env, message, error)
         return Ack()
+
+    def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
+        """A message the broker gave up on (quorum delivery limit): park it where it was."""
+        death = last_death(headers)
+        queue = death.queue if death else "?"
+        exchange, routing_key = (death.exchange, death.routing_key) if death else ("", "")
+        env = read_incoming(headers, exchange, routing_key, self.names)
+        if queue == self.names.orphan_queue:  # an orphaned retry: it belongs to its target
+            queue = env.target or queue
+        verdict = dead_letter_park(death, QUORUM_DELIVERY_LIMIT)
+        return self._park(
+            replace(d, queue=queue), _receiver_for_queue(queue, self.names), env, verdict
+        )
 
     def attempt(self, rec: Receiver, message: Message) -> BaseException | None:
         """Run the receiver once; what it raised, if anything.

@@ -157,14 +157,15 @@ class Consumer:
             name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}",
         )
         channel = self._connection.channel()
-        channel.declare(current_plan(self.receivers, self.names))
+        plan = current_plan(self.receivers, self.names)
+        channel.declare(plan)
         channel.qos(self.prefetch)
         self._copies = broker.ConfirmChannel(self._connection)
         self._channel = channel
         self._consumer_tags = []
         queues = list(self._by_queue)
-        if self.consume_orphans:
-            queues.append(self.names.orphan_queue)
+        if self.consume_orphans:  # and, with quorum queues, what the broker dead-lettered
+            queues.extend(plan.parking_queues)
         for queue_name in queues:
             self._consumer_tags.append(
                 channel.consume(queue_name, self._on_message(queue_name, self._generation))

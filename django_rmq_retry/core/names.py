@@ -29,6 +29,11 @@ class Names:
         """Fanout alternate exchange of :attr:`deliver_exchange`: catches unroutable copies."""
         return f"{self.prefix}.orphans"
 
+    @property
+    def dead_exchange(self) -> str:
+        """Fanout dead-letter exchange of quorum queues: what the broker gives up on."""
+        return f"{self.prefix}.dead"
+
     def delay_exchange(self, level: int) -> str:
         return f"{self.prefix}.delay.{level:02d}"
 
@@ -37,6 +42,11 @@ class Names:
     def orphan_queue(self) -> str:
         """Retries whose receiver queue vanished while they waited; the consumer parks them."""
         return f"{self.prefix}.orphans"
+
+    @property
+    def dead_queue(self) -> str:
+        """Messages a quorum queue dead-lettered (its delivery limit); the consumer parks them."""
+        return f"{self.prefix}.dead"
 
     def delay_queue(self, level: int) -> str:
         return f"{self.prefix}.delay.{level:02d}"

@@ -8,6 +8,10 @@ The shape (prefix ``p``, N delay levels)::
     p.deliver (headers, match on p-target = queue name) ─► exactly one receiver queue
               └─ alternate exchange p.orphans (fanout) ─► queue p.orphans (parked by consumers)
 
+With quorum queues, the receiver queues and ``p.orphans`` also carry an explicit delivery
+limit and dead-letter into ``p.dead`` (fanout) ─► queue ``p.dead`` (parked by consumers), so
+the broker's limit ends in a parked row instead of a drop (see :data:`QUORUM_DELIVERY_LIMIT`).
+
 ``broker.topology.declare`` puts a :class:`Plan` on a real broker, ``testing`` into its
 in-memory one, and ``rmq_consume --list`` prints it.
 """
@@ -46,6 +50,8 @@ class QueueSpec:
     arguments: dict[str, Any]
     bindings: list[Binding] = field(default_factory=list)
     receiver: str | None = None
+    #: No receiver reads it: the consumer parks whatever arrives (orphans, dead letters).
+    parks: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,40 @@ class Plan:
     exchange_bindings: list[tuple[str, str, str]]  # destination, source, routing key
     queues: list[QueueSpec]
 
+    @property
+    def parking_queues(self) -> list[str]:
+        """Queues every consumer also reads and parks from (see :attr:`QueueSpec.parks`)."""
+        return [q.name for q in self.queues if q.parks]
 
-def _queue_args(queue_type: str) -> dict[str, Any]:
-    if queue_type == "quorum":
-        return {"x-queue-type": "quorum"}
-    return {}
+
+#: Returns of one message (nack, channel closed, consumer shut down with it prefetched) a
+#: quorum receiver queue allows before it dead-letters the message to ``p.dead``, where the
+#: consumer parks it. Always explicit: RabbitMQ 4.0 otherwise applies 20 and *drops* the
+#: message without a dead-letter exchange, and ``-1`` ("no limit" on 4.0) drops after the
+#: first return on 3.10. Our ``DELIVERY_LIMIT`` (receiver starts) must stay well below it:
+#: it parks first, with the better story; this one bounds every give-back we do not count.
+QUORUM_DELIVERY_LIMIT = 1000
+
+#: The same for ``p.dead`` itself, which has nowhere further to go. Its messages are only
+#: parked (no receiver runs), so only a million restarts with one of them prefetched reach it.
+#: Values of 2^32 and more are dropped after one return on 3.10: stay far below.
+DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
+
+
+def _queue_args(queue_type: str, dead_exchange: str | None = None) -> dict[str, Any]:
+    """Arguments of a queue a consumer reads; ``dead_exchange`` for a quorum queue's limit."""
+    if queue_type != "quorum":
+        return {}
+    if dead_exchange is None:
+        return {"x-queue-type": "quorum", "x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT}
+    return {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": QUORUM_DELIVERY_LIMIT,
+        "x-dead-letter-exchange": dead_exchange,
+        # the message stays in its queue until p.dead confirmed it (needs reject-publish)
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
 
 
 def plan(
@@ -72,13 +107,22 @@ def plan(
         (names.deliver_exchange, "headers", {"alternate-exchange": names.orphan_exchange}),
     ]
     ex_bindings: list[tuple[str, str, str]] = []
-    queues: list[QueueSpec] = [
+    dead: str | None = None
+    queues: list[QueueSpec] = []
+    if queue_type == "quorum":
+        dead = names.dead_exchange
+        exchanges.append((dead, "fanout", {}))
+        queues.append(
+            QueueSpec(names.dead_queue, _queue_args(queue_type), [Binding(dead)], parks=True)
+        )
+    queues.append(
         QueueSpec(
             names.orphan_queue,
-            _queue_args(queue_type),
+            _queue_args(queue_type, dead),
             [Binding(names.orphan_exchange)],
+            parks=True,
         )
-    ]
+    )
     for k in range(levels.levels):
         exchanges.append((names.delay_exchange(k), "topic", {}))
         next_hop = names.delay_exchange(k - 1) if k else names.deliver_exchange
@@ -109,5 +153,5 @@ def plan(
         bindings.append(
             Binding(names.deliver_exchange, "", {"x-match": "all", names.target_header: qname})
         )
-        queues.append(QueueSpec(qname, _queue_args(queue_type), bindings, receiver=rec.name))
+        queues.append(QueueSpec(qname, _queue_args(queue_type, dead), bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)
