@@ -147,3 +147,25 @@ def test_a_message_past_the_brokers_delivery_limit_is_parked_not_dropped(rmq, pr
             with contextlib.suppress(Exception):  # not in the cleanup's plan when classic
                 rmq.ch().queue_delete(rmq.names.dead_queue)
                 rmq.ch().exchange_delete(rmq.names.dead_exchange)
+
+
+def test_a_quorum_queue_declared_without_the_limit_says_how_to_migrate(rmq):
+    """An existing deployment's receiver queue lacks the new arguments: nothing starts, and
+    the error names the queue, the risk and the way out (RabbitMQ cannot change arguments)."""
+    from django.core.management.base import CommandError
+
+    conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum"}
+    with override_settings(RMQ_RETRY=conf):
+        queue = rmq.queue("gamma")
+        rmq.ch().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        try:
+            with pytest.raises(CommandError) as info:
+                call_command("rmq_consume", setup_only=True, verbosity=0)
+        finally:
+            with contextlib.suppress(Exception):
+                rmq.ch().queue_delete(rmq.names.dead_queue)
+                rmq.ch().exchange_delete(rmq.names.dead_exchange)
+    text = str(info.value)
+    assert repr(queue) in text
+    assert "older django-rmq-retry" in text and "drops a message returned 20 times" in text
+    assert "delete it" in text and "--setup-only" in text
