@@ -81,13 +81,13 @@ def test_classic_queues_are_unchanged():
     assert the_plan.parking_queues == ["p.orphans"]
 
 
-def _death(queue: str, reason: str = "delivery_limit") -> dict:
+def _death(queue: str, reason: str = "delivery_limit", exchange: str = "p.work") -> dict:
     return {
         "count": 1,
         "reason": reason,
         "queue": queue,
         "time": datetime(2026, 11, 23, tzinfo=timezone.utc),
-        "exchange": "p.work",
+        "exchange": exchange,
         "routing-keys": ["shop.order.paid"],
     }
 
@@ -130,8 +130,9 @@ def test_a_dead_lettered_message_is_parked_under_the_queue_it_left():
 
 
 def test_a_retry_copy_keeps_its_original_route_and_attempt():
+    # it entered the receiver queue from our deliver exchange, as the broker recorded
     headers = {
-        "x-death": [_death("p.shop.consumers.invoice")],
+        "x-death": [_death("p.shop.consumers.invoice", exchange="p.deliver")],
         "p-attempt": 3,
         "p-original-exchange": "p.work",
         "p-original-routing-key": "shop.order.refunded",
@@ -139,6 +140,12 @@ def test_a_retry_copy_keeps_its_original_route_and_attempt():
     }
     req = _handle(headers).request
     assert (req.attempts, req.routing_key) == (3, "shop.order.refunded")
+
+
+def test_our_headers_on_a_message_published_straight_to_the_work_exchange_are_not_trusted():
+    headers = {"x-death": [_death("p.shop.consumers.invoice")], "p-attempt": 3}
+    req = _handle(headers).request
+    assert (req.attempts, req.routing_key) == (1, "shop.order.paid")
 
 
 def test_an_orphan_that_hit_the_limit_is_parked_under_its_target():
