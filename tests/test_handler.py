@@ -21,6 +21,7 @@ from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS
 from django_rmq_retry.core.errors import Reject, Retry
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.core.outcome import Park, ParkReason
+from django_rmq_retry.core.undecodable import RAW_HEADERS
 from django_rmq_retry.registry import Receiver, Registry, TopicKey
 
 NAMES = Names("p")
@@ -200,14 +201,15 @@ def test_an_undecodable_body_parks_before_the_receiver_runs(receiver):
     assert calls.messages == []
 
 
-def test_undecodable_headers_park_the_body_without_them(receiver):
+def test_undecodable_headers_park_the_body_without_them_but_keep_their_bytes(receiver):
     rec, calls = receiver
-    action = handler().handle(
-        delivery(rec, headers={UNDECODABLE_HEADERS: "headers nested too deeply to decode"})
-    )
+    raw = b"\x00\x00\x00\x0a\x04bornT\xff\xff"
+    marked = {UNDECODABLE_HEADERS: "headers nested too deeply to decode", RAW_HEADERS: raw}
+    action = handler().handle(delivery(rec, headers=marked))
     assert isinstance(action, StorePark) and action.request.reason == "undecodable"
-    assert action.request.reason_detail.endswith("; the headers were dropped")
+    assert action.request.reason_detail.startswith("headers nested too deeply to decode; ")
     assert action.request.properties["headers"] == {}
+    assert action.request.properties[RAW_HEADERS] == raw
     assert calls.messages == []
 
 

@@ -22,6 +22,7 @@ from ..core.envelope import PROPERTY_NAMES
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
 from ..core.failover import connect_order
 from ..core.topology import Plan
+from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
 from . import headerguard
 from .errors import LOST, describe, translated
 from .topology import declare
@@ -115,6 +116,19 @@ def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
     return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}
 
 
+def _text(name: str | bytes, properties: dict[str, Any], raw_key: str) -> str:
+    """A delivery's exchange or routing key as text.
+
+    pika hands over a name that is not UTF-8 as ``bytes``; it is passed on readable (with
+    backslash escapes) and its bytes go into the properties under ``raw_key``, where the
+    core sees it and parks the message as undecodable (``core.undecodable``).
+    """
+    if isinstance(name, bytes):
+        properties[raw_key] = name
+        return name.decode("utf-8", "backslashreplace")
+    return name
+
+
 class Connection:
     """One AMQP connection (to ``url``). Closing it never raises."""
 
@@ -186,12 +200,13 @@ class Channel:
         """Start consuming ``queue`` with manual acks; returns the consumer tag."""
 
         def deliver(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            props = from_pika(properties)
             on_message(
                 method.delivery_tag,
-                method.exchange,
-                method.routing_key,
+                _text(method.exchange, props, RAW_EXCHANGE),
+                _text(method.routing_key, props, RAW_ROUTING_KEY),
                 bool(method.redelivered),
-                from_pika(properties),
+                props,
                 body,
             )
 

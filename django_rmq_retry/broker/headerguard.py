@@ -1,12 +1,16 @@
 """Make pika survive header tables it cannot decode.
 
-Another client can publish headers nested thousands of levels deep (RabbitMQ accepts them) or
-of a field type pika does not know. pika decodes content headers recursively inside the
-connection's I/O, so such a message raised ``RecursionError`` there, killed the connection,
+Another client can publish headers pika cannot turn into Python values: a timestamp before
+1970 or after 9999 (Java and Go clients write any date as a signed 64-bit count), tables
+nested thousands of levels deep, a field type pika does not know. pika decodes content
+headers inside the connection's I/O, so such a message raised there, killed the connection,
 and came back at the head of the queue on every reconnect: a crash loop no receiver code
-could stop. The top-level table decode used for properties is wrapped: an undecodable table
-becomes ``{UNDECODABLE_HEADERS: reason}`` (its length prefix lets us skip it), and the
-consumer parks the message as undecodable.
+could stop, with every message behind it stuck.
+
+The top-level table decode used for properties is wrapped. A table pika refuses — whatever
+it raises — becomes ``{UNDECODABLE_HEADERS: reason, RAW_HEADERS: the table's bytes}`` (its
+length prefix lets us skip it), and the consumer parks the message as undecodable with those
+bytes kept. The reason names the value: ``header 'meta' > 'at': timestamp ... out of range``.
 """
 
 from __future__ import annotations
@@ -16,10 +20,24 @@ import types
 from typing import Any
 
 import pika.data
-import pika.exceptions as pex
 import pika.spec
 
 from ..core.envelope import UNDECODABLE_HEADERS
+from ..core.undecodable import RAW_HEADERS
+
+#: How deep the search for the culprit goes before it says "nested too deeply".
+_MAX_DEPTH = 32
+
+_KINDS = {
+    b"T": "timestamp",
+    b"F": "table",
+    b"A": "array",
+    b"D": "decimal",
+    b"d": "double",
+    b"f": "float",
+    b"S": "long string",
+    b"x": "byte array",
+}
 
 
 def install() -> None:
@@ -29,19 +47,83 @@ def install() -> None:
     original = pika.data.decode_table
 
     def decode_table(encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:
+        end = offset + 4 + struct.unpack_from(">I", encoded, offset)[0]
         try:
-            return original(encoded, offset)
-        except (RecursionError, pex.InvalidFieldTypeException, struct.error, ValueError) as exc:
-            size = struct.unpack_from(">I", encoded, offset)[0]
-            reason = (
-                "headers nested too deeply to decode"
-                if isinstance(exc, RecursionError)
-                else f"headers cannot be decoded ({type(exc).__name__}: {exc})"
-            )
-            return {UNDECODABLE_HEADERS: reason[:200]}, offset + 4 + size
+            table, stop = original(encoded, offset)
+        except Exception as exc:  # any refusal: a parked message, never a dead connection
+            return _undecodable(encoded, offset, end, exc), end
+        if stop != end:  # an inner length ran past the table: what follows would be garbage
+            reason = "headers cannot be decoded: their lengths disagree"
+            return {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}, end
+        return table, stop
 
     guarded = types.ModuleType(pika.data.__name__)
     guarded.__dict__.update(vars(pika.data))
     guarded.decode_table = decode_table  # type: ignore[attr-defined]
     guarded._rmq_retry_guard = True  # type: ignore[attr-defined]
     pika.spec.data = guarded  # type: ignore[attr-defined]
+
+
+def _undecodable(encoded: bytes, offset: int, end: int, exc: BaseException) -> dict[str, Any]:
+    try:
+        found = _culprit(encoded, offset + 4, end, False, ())
+    except Exception:  # a table too broken to walk: say what pika said
+        found = None
+    if found is None:
+        what = (
+            "headers nested too deeply to decode"
+            if isinstance(exc, RecursionError)
+            else f"headers cannot be decoded ({type(exc).__name__}: {exc})"
+        )
+    else:
+        what = f"headers cannot be decoded: {found}"
+    return {UNDECODABLE_HEADERS: what[:300], RAW_HEADERS: encoded[offset:end]}
+
+
+def _culprit(
+    encoded: bytes, offset: int, end: int, array: bool, path: tuple[str, ...]
+) -> str | None:
+    """The first value in a table (or array) pika fails on, named by its path, or None."""
+    index = 0
+    while offset < end:
+        here = path
+        if array:
+            here = (*path, f"[{index}]")
+        else:
+            key, offset = pika.data.decode_short_string(encoded, offset)
+            here = (*path, repr(key))
+        kind = encoded[offset : offset + 1]
+        try:
+            _value, after = pika.data.decode_value(encoded, offset)
+        except Exception as exc:
+            if kind in (b"F", b"A"):
+                if len(here) >= _MAX_DEPTH:
+                    return f"header {_where(here)}: nested too deeply to decode"
+                size = struct.unpack_from(">I", encoded, offset + 1)[0]
+                inner = _culprit(encoded, offset + 5, offset + 5 + size, kind == b"A", here)
+                if inner is not None:
+                    return inner
+            return f"header {_where(here)}: {_describe(encoded, offset, kind, exc)}"
+        offset = after
+        index += 1
+    return None
+
+
+def _where(path: tuple[str, ...]) -> str:
+    """``'meta' > 'at'``, ``'dates' [1]``; a long path keeps its two ends."""
+    if len(path) > 8:
+        return f"{_where(path[:3])} > … ({len(path)} levels) > {_where(path[-2:])}"
+    text = ""
+    for part in path:
+        text += f" {part}" if part.startswith("[") else (f" > {part}" if text else part)
+    return text
+
+
+def _describe(encoded: bytes, offset: int, kind: bytes, exc: BaseException) -> str:
+    name = _KINDS.get(kind, f"field type {kind!r}")
+    if kind == b"T":
+        seconds = struct.unpack_from(">Q", encoded, offset + 1)[0]
+        signed = struct.unpack_from(">q", encoded, offset + 1)[0]
+        value = f"{seconds}" + (f" (signed: {signed})" if signed < 0 else "")
+        return f"timestamp {value} seconds is out of the range Python dates can hold"
+    return f"{name} value cannot be decoded ({type(exc).__name__}: {exc})"

@@ -35,6 +35,7 @@ from ..core.message import Message
 from ..core.names import Names
 from ..core.outcome import Park, RetryLater, Run, decide, triage
 from ..core.topology import QUORUM_DELIVERY_LIMIT
+from ..core.undecodable import without_headers
 from ..parking import ParkRequest
 from ..policies import policy_cache
 from ..registry import Receiver
@@ -104,9 +105,7 @@ class Handler:
         verdict = triage(env, d.body, d.properties, over_limit=over_limit)
         if isinstance(verdict, Park):
             if env.undecodable is not None:
-                # Park the body with no headers, so a requeue of the row is an ordinary
-                # message, not the undecodable marker again.
-                d = replace(d, properties={**d.properties, "headers": {}})
+                d = replace(d, properties=without_headers(d.properties))
             return self._park(d, rec.name, env, verdict, start_key=start_key)
         message = self._message(d, rec, env, headers, verdict)
         error = self.attempt(rec, message)

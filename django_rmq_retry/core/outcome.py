@@ -13,6 +13,7 @@ from .backoff import Policy, matches
 from .bodies import Undecodable, decode_body
 from .envelope import Envelope
 from .errors import Reject, Retry
+from .undecodable import unreadable
 
 
 class ParkReason(str, Enum):
@@ -104,7 +105,13 @@ def triage(
     if over_limit is not None:
         return over_limit
     if envelope.undecodable is not None:
-        return Park(ParkReason.UNDECODABLE, f"{envelope.undecodable}; the headers were dropped")
+        return Park(
+            ParkReason.UNDECODABLE,
+            f"{envelope.undecodable}; the row keeps the header table as raw bytes only",
+        )
+    problem = unreadable(properties)
+    if problem is not None:
+        return Park(ParkReason.UNDECODABLE, problem)
     try:
         decoded = decode_body(
             body, properties.get("content_type"), properties.get("content_encoding")

@@ -49,6 +49,8 @@ def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 _KEY_MARK = "__b64key__:"
+#: A key another client sent as bytes that are not UTF-8 (kept, so a requeue sends it as it came).
+_BYTES_KEY_MARK = "__byteskey__:"
 
 
 def _text_to_b64(text: str) -> str:
@@ -60,14 +62,20 @@ def _b64_to_text(data: str) -> str:
 
 
 def _json_key(key: Any) -> str:
+    if isinstance(key, bytes):
+        return _BYTES_KEY_MARK + base64.b64encode(key).decode("ascii")
     text = str(key)
-    if "\x00" in text or text.startswith(_KEY_MARK):
+    if "\x00" in text or text.startswith((_KEY_MARK, _BYTES_KEY_MARK)):
         return _KEY_MARK + _text_to_b64(text)
     return text
 
 
-def _key_back(key: str) -> str:
-    return _b64_to_text(key[len(_KEY_MARK) :]) if key.startswith(_KEY_MARK) else key
+def _key_back(key: str) -> str | bytes:
+    if key.startswith(_KEY_MARK):
+        return _b64_to_text(key[len(_KEY_MARK) :])
+    if key.startswith(_BYTES_KEY_MARK):
+        return base64.b64decode(key[len(_BYTES_KEY_MARK) :])
+    return key
 
 
 def _json_safe(value: Any) -> Any:
@@ -91,7 +99,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def headers_from_json(data: Mapping[str, Any] | None) -> dict[str, Any]:
+def headers_from_json(data: Mapping[str, Any] | None) -> dict[Any, Any]:
     """Inverse of :func:`json_safe_headers`."""
     return {_key_back(k): _from_json(v) for k, v in (data or {}).items()}
 
