@@ -8,7 +8,11 @@ shows as a count, never as a hung test run.
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
+import time
+import tracemalloc
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -258,3 +262,45 @@ def test_reserved_headers_on_our_own_route_are_still_validated(rmq):
     assert all(r.first_failure_at >= recent and r.attempts == 3 for r in rows)
     assert starts(rmq.log, "beta") == {}
     assert rmq.depth(target) == 0
+
+
+# Requeue memory ------------------------------------------------------------------------------
+def test_requeue_memory_stays_flat_for_large_bodies(rmq):
+    """2,000 rows of 256 KiB (500 MiB of bodies): the requeue's peak stays a few chunks."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = rmq.queue("alpha")
+    body = os.urandom(256 * 1024)
+    now = timezone.now()
+    for start in range(0, 2000, 100):
+        ParkedMessage.objects.bulk_create(
+            ParkedMessage(
+                park_key=f"mem-{i}",
+                receiver="tests.testapp.consumers.alpha",
+                queue=queue,
+                exchange=rmq.names.work_exchange,
+                routing_key="test.work",
+                message_id=f"mem-{i}",
+                body=body,
+                body_size=len(body),
+                content_type="application/octet-stream",
+                properties={"content_type": "application/octet-stream", "message_id": f"mem-{i}"},
+                reason="exhausted",
+                parked_at=now,
+            )
+            for i in range(start, start + 100)
+        )
+    del body
+    gc.collect()
+    tracemalloc.start()
+    try:
+        began = time.monotonic()
+        result = parking.requeue(ParkedMessage.objects.all())
+        took = time.monotonic() - began
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"\nrequeue of 2,000 x 256 KiB: peak {peak / 2**20:.1f} MiB traced, {took:.1f} s")
+    assert result.requeued == 2000 and result.failed == 0
+    assert ParkedMessage.objects.filter(status="requeued").count() == 2000
+    assert rmq.depth(queue) == 2000
+    assert peak < 40 * 2**20, f"peak {peak / 2**20:.1f} MiB"
