@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .core.bodies import is_json_type, parse_content_type
+from .core.bodies import Undecodable, is_json_type, parse_content_type, unwrap
 
 #: Bytes of a body shown as text or JSON on the detail page; the rest is cut off.
 BODY_PREVIEW_BYTES = 64 * 1024
@@ -52,14 +52,21 @@ def body_preview(
 ) -> tuple[str, str, int]:
     """(kind, text, bytes shown) for a body: kind is "json", "text", "hex" or "empty".
 
-    JSON is pretty-printed when the whole body fits in ``limit``; a longer body is shown as
-    text up to ``limit`` bytes; anything that does not decode as text becomes a hex dump of
-    the first ``hex_limit`` bytes. Nothing is ever unpickled or evaluated.
+    A ``gzip``/``deflate`` body is inflated first (up to ``4 * limit`` bytes; a larger one
+    is shown as it came). JSON is pretty-printed when the whole body fits in ``limit``; a
+    longer body is shown as text up to ``limit`` bytes; anything that does not decode as
+    text becomes a hex dump of the first ``hex_limit`` bytes. Nothing is ever unpickled or
+    evaluated.
     """
     if not body:
         return "empty", "", 0
     mime, params = parse_content_type(content_type)
-    charset = params.get("charset") or content_encoding or "utf-8"
+    try:
+        # A gzip/deflate body is shown inflated (if it inflates to a few pages at most).
+        body, hint = unwrap(body, content_encoding, 4 * limit)
+    except Undecodable:
+        hint = None  # shown as it came
+    charset = params.get("charset") or hint or "utf-8"
     truncated = len(body) > limit
     head = body[:limit]
     text = _decode_text(head, charset, truncated)

@@ -5,11 +5,13 @@ Actions publish to the real broker (the ``rmq`` fixture gives each test its own 
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import time
 import tracemalloc
 import uuid
+import zlib
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -278,6 +280,15 @@ def test_body_preview_kinds():
     assert kind == "text" and text == "é" * 25
     # Binary bodies are cut at the hex limit.
     assert body_preview(b"\x00" * 100, hex_limit=32)[2] == 32
+
+
+def test_body_preview_shows_compressed_bodies_inflated():
+    body = gzip.compress(b'{"a": 1}')
+    assert body_preview(body, "application/json", "gzip")[:2] == ("json", '{\n  "a": 1\n}')
+    assert body_preview(zlib.compress(b"hi"), "text/plain", "deflate")[:2] == ("text", "hi")
+    bomb = gzip.compress(b"\x00" * 10_000)  # inflates past 4 * limit: shown as it came
+    assert body_preview(bomb, "application/octet-stream", "gzip", limit=100)[0] == "hex"
+    assert body_preview(b"\x1f\x8b junk", "application/json", "gzip")[0] == "hex"
     assert hex_dump(b"AB\x00") == "00000000  41 42 00" + " " * 39 + "  |AB.|"
 
 

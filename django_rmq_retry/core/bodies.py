@@ -135,7 +135,9 @@ def _inflate(body: bytes, name: str, wbits: int, limit: int) -> bytes:
             return b"".join(out)
 
 
-def _unwrap(body: bytes, content_encoding: str | None, limit: int) -> tuple[bytes, str | None]:
+def unwrap(
+    body: bytes, content_encoding: str | None, limit: int = MAX_INFLATED
+) -> tuple[bytes, str | None]:
     """The body with its content encoding undone, and a charset the encoding names.
 
     ``gzip`` and ``deflate`` are inflated. Some clients (kombu, older ones) put a charset
@@ -198,7 +200,7 @@ def decode_body(
         if content_encoding is not None and not isinstance(content_encoding, str):
             raise Undecodable("property content_encoding is not text")
         mime, params = parse_content_type(content_type)
-        data, hint = _unwrap(body, content_encoding, max_inflated)
+        data, hint = unwrap(body, content_encoding, max_inflated)
         if is_json_type(mime):
             if not data:
                 raise Undecodable(f"empty body with content type {mime}")
