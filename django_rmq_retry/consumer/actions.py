@@ -38,11 +38,17 @@ class Ack:
     """Done with it: the receiver returned, or (``kind="parked"``) its row is committed."""
 
     kind: str = "handled"  # or "parked": what the stats count it as
+    start_key: str | None = None  # the delivery-limit row to delete once the ack is sent
 
 
 @dataclass(frozen=True)
 class Release:
-    """Give the delivery back to the queue (shutdown while it could not be parked)."""
+    """Give the delivery back to the queue (shutdown while it could not be parked).
+
+    Counts against the message's give-back budget: its delivery-limit row is kept.
+    """
+
+    cause: str = "it was released unfinished"  # named by the parked row if it loops
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,14 @@ class PublishRetry:
     properties: dict[str, Any]
     log_line: str
     signal_kwargs: dict[str, Any] = field(default_factory=dict)
+    start_key: str | None = None  # the delivery-limit row to delete once the original is acked
 
     def announce(self) -> None:
-        """The broker confirmed the copy: log it and send ``message_retried``."""
+        """The broker confirmed the copy: log it and send ``message_retried``.
+
+        Signal handlers are user code of any speed: the consumer calls this from its
+        notifier thread, never from the connection's I/O thread.
+        """
         logger.warning(self.log_line)
         for _receiver, result in signals.message_retried.send_robust(**self.signal_kwargs):
             if isinstance(result, Exception):

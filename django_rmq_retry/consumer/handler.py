@@ -109,10 +109,11 @@ class Handler:
             return self._park(d, rec.name, env, verdict, start_key=start_key)
         message = self._message(d, rec, env, headers, verdict)
         error = self.attempt(rec, message)
-        self._forget(start_key)
+        # The delivery-limit row (start_key) is deleted only once the delivery is settled:
+        # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         if error is not None:
-            return self._after_failure(d, rec, env, message, error)
-        return Ack()
+            return replace(self._after_failure(d, rec, env, message, error), start_key=start_key)
+        return Ack(start_key=start_key)
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
         """A message the broker gave up on (quorum delivery limit): park it where it was."""
@@ -139,10 +140,6 @@ class Handler:
             return exc
         return None
 
-    def _forget(self, start_key: str | None) -> None:
-        if start_key and self.limits is not None:
-            self.limits.forget([start_key])
-
     def _message(
         self, d: Delivery, rec: Receiver, env: Envelope, headers: dict[str, Any], run: Run
     ) -> Message:
@@ -166,7 +163,7 @@ class Handler:
 
     def _after_failure(
         self, d: Delivery, rec: Receiver, env: Envelope, message: Message, exc: BaseException
-    ) -> Action:
+    ) -> PublishRetry | StorePark:
         policy = self.policy_for(rec)
         decision = decide(
             env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng

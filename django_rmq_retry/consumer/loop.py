@@ -25,11 +25,13 @@ from django.db import close_old_connections, connections
 from .. import broker
 from ..conf import app_settings, current_levels, current_names, current_plan
 from ..core.backoff import CappedBackoff
+from ..core.budget import channel_lost, copy_refused
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
 from ..registry import Receiver
 from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
+from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
 from .pool import CANCELLED, DaemonPool, Job
 
@@ -96,6 +98,8 @@ class Consumer:
             int(app_settings.DELIVERY_LIMIT),
             broker_counts=str(app_settings.QUEUE_TYPE) == "quorum",
         )
+        self._limits = limits
+        self._notifier = Notifier()
         self.handler = Handler(self.names, current_levels(), limits=limits)
         self._pool = DaemonPool(self.threads, "rmq-receiver", self._process, self._hand_back)
         self._parker = ParkWriter(
@@ -133,13 +137,14 @@ class Consumer:
                     if first and (self.fail_fast or isinstance(exc, AccessRefused)):
                         raise
                     logger.error("%s; retrying in %.1fs", exc, backoff.current)
+                    self._abandon_connection(str(exc))
                 except ConnectionLost as exc:
                     logger.error(
                         "connection to RabbitMQ lost (%s); reconnecting in %.1fs",
                         exc,
                         backoff.current,
                     )
-                self._abandon_connection()
+                    self._abandon_connection(str(exc))
                 self.stats.reconnects += 1
                 self._stop.wait(backoff.next())
         finally:
@@ -178,11 +183,16 @@ class Consumer:
             self.threads,
         )
 
-    def _abandon_connection(self) -> None:
-        """Forget a dead connection; unacked deliveries return to their queues by themselves."""
+    def _abandon_connection(self, why: str) -> None:
+        """Forget a dead connection; unacked deliveries return to their queues by themselves.
+
+        Each one a receiver already started is a give-back: its cause is noted for the
+        delivery limit (a channel the broker keeps closing must not loop for ever).
+        """
         self._generation += 1
         for job in list(self._inflight.values()):
-            self._pool.cancel(job)
+            if not self._pool.cancel(job):
+                self._limits.note(job.delivery, channel_lost(why))
         self._inflight.clear()
         conn, self._connection = self._connection, None
         self._channel = self._copies = None
@@ -193,6 +203,7 @@ class Consumer:
     def _close(self) -> None:
         self._pool.shutdown()
         self._parker.close()
+        self._notifier.close()
         if self._connection is not None:
             self._connection.close()
         self._connection = None
@@ -320,6 +331,7 @@ class Consumer:
         with self._wake_lock:
             self._wake_pending = False
         acks: list[int] = []
+        settled_keys: list[str | None] = []
         while True:
             try:
                 job = self._done.get_nowait()
@@ -333,11 +345,12 @@ class Consumer:
                 action = job.result()
             except BaseException:  # a bug of ours must not stop the loop: give it back
                 logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
-                action = Release()
+                action = Release(cause="an internal error of the consumer")
             if isinstance(action, Ack):
                 self._inflight.pop(delivery.tag, None)
                 self._unsettled.discard(delivery.tag)
                 acks.append(delivery.tag)
+                settled_keys.append(action.start_key)
                 if action.kind == "parked":
                     self.stats.parked += 1
                 else:
@@ -345,6 +358,7 @@ class Consumer:
             elif isinstance(action, Release):
                 self._inflight.pop(delivery.tag, None)
                 self._unsettled.discard(delivery.tag)
+                self._limits.note(delivery, action.cause)
                 self._channel.nack(delivery.tag, requeue=True)
                 self.stats.released += 1
             elif isinstance(action, StorePark):
@@ -356,11 +370,13 @@ class Consumer:
                 self._publish_retry(delivery, action)
         if acks:
             self._ack(acks)
+        if any(settled_keys):
+            self._notifier.submit(functools.partial(self._limits.forget, settled_keys))
 
     def _park_done(self, delivery: Delivery, stored: bool) -> None:
         """Parking thread: the row is committed (ack) or could not be (give it back)."""
         job = Job(delivery)
-        job.finish(Ack("parked") if stored else Release(), None)
+        job.finish(Ack("parked") if stored else Release(cause="its row could not be parked"), None)
         self._hand_back(job)
 
     def _ack(self, tags: list[int]) -> None:
@@ -392,11 +408,12 @@ class Consumer:
                     delivery.properties.get("message_id"),
                     why,
                 )
+                self._limits.note(delivery, copy_refused(why))
                 self._channel.nack(delivery.tag, requeue=True)
                 return
             self._channel.ack(delivery.tag)
             self.stats.retried += 1
-            action.announce()
+            self._notifier.submit(functools.partial(self._after_retry, action))
 
         def on_settled(acked: bool, returned: bool) -> None:
             # Inside pika's frame callback, which must not re-enter the blocking connection
@@ -413,6 +430,11 @@ class Consumer:
         self._copies.publish(
             action.exchange, action.routing_key, action.body, action.properties, on_settled
         )
+
+    def _after_retry(self, action: PublishRetry) -> None:
+        """Notifier thread: the original is acked; stop counting it, tell the handlers."""
+        self._limits.forget([action.start_key])
+        action.announce()
 
     # Worker side ---------------------------------------------------------------------------
     def _process(self, d: Delivery) -> Action:

@@ -11,12 +11,19 @@ the consumer acks a delivery only when ``on_done(token, True)`` reports it.
 While the database is down the thread holds every row unacked, says so once, and retries
 with backoff; workers keep running receivers meanwhile. A delivery whose broker connection
 was replaced (it will be redelivered) is dropped from the batch, not written.
+
+A row the database refuses even stripped (a trigger, a constraint of the operator's) is
+*held*: not acked, not given back (that would only run its receiver again and fail the same
+way, in a hot loop), said once at ERROR, and tried again with a capped backoff until the
+database takes it or the consumer stops (then it goes back to its queue, and its
+delivery-limit row counts the give-back). Nothing is lost; one prefetch slot is taken.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from queue import Empty, SimpleQueue
@@ -33,6 +40,8 @@ logger = logging.getLogger("django_rmq_retry.consumer")
 
 #: Rows written per commit at most (bounds one statement's size and one rollback's cost).
 MAX_BATCH = 200
+#: Longest wait between two tries of rows the database refused even stripped.
+HOLD_MAX_DELAY = 10.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class ParkWriter:
         self._stop = stop
         self._max_batch = max_batch
         self._queue: SimpleQueue[ParkJob | None] = SimpleQueue()
+        self._held: list[ParkJob] = []  # refused even stripped: unacked, tried again later
+        self._held_backoff = CappedBackoff(1.0, HOLD_MAX_DELAY)
+        self._held_due = 0.0
         start_daemon(self._loop, "rmq-park-writer")
 
     def submit(self, job: ParkJob) -> None:
@@ -75,12 +87,29 @@ class ParkWriter:
         self._queue.put(None)
 
     # Thread -----------------------------------------------------------------------------
+    def _next(self) -> ParkJob | bool | None:
+        """The next job, ``None`` to close, or ``False`` when held rows are due first."""
+        if not self._held:
+            return self._queue.get()
+        wait = self._held_due - time.monotonic()
+        if wait <= 0 or self._stop.is_set():
+            return False
+        try:
+            return self._queue.get(timeout=min(wait, 0.5))
+        except Empty:
+            return False
+
     def _loop(self) -> None:
         closing = False
         while not closing:
-            job = self._queue.get()
+            job = self._next()
+            if job is False:
+                self._retry_held()
+                continue
             if job is None:
+                self._release_held()
                 return
+            assert isinstance(job, ParkJob)
             batch = [job]
             while len(batch) < self._max_batch:
                 try:
@@ -103,8 +132,40 @@ class ParkWriter:
                 # health-check query (or with CONN_MAX_AGE=0 a new connection) per batch;
                 # a connection lost meanwhile is an error _write already retries.
                 close_old_connections()
+        self._release_held()
 
-    def _write(self, batch: list[ParkJob]) -> None:
+    def _release_held(self) -> None:
+        """Closing: held rows go back to their queues (the delivery limit counts it)."""
+        held, self._held = self._held, []
+        for job in held:
+            self._on_done(job.token, False)
+
+    def _retry_held(self) -> None:
+        held, self._held = self._held, []
+        if self._stop.is_set():
+            self._held = held
+            self._release_held()
+            return
+        self._write(held, retrying=True)
+        if self._held:
+            self._held_due = time.monotonic() + self._held_backoff.next()
+        else:
+            self._held_backoff.reset()
+
+    def _hold(self, job: ParkJob, *, retrying: bool) -> None:
+        if not retrying:
+            logger.error(
+                "the database refuses the row of message %s of %s even stripped; holding it "
+                "unacked (not lost) and trying again every %.0fs at most",
+                job.request.properties.get("message_id"),
+                job.request.receiver,
+                HOLD_MAX_DELAY,
+            )
+        if not self._held:
+            self._held_due = time.monotonic() + self._held_backoff.current
+        self._held.append(job)
+
+    def _write(self, batch: list[ParkJob], *, retrying: bool = False) -> None:
         backoff = CappedBackoff(0.5, 10.0)
         logged = False
         while True:
@@ -112,7 +173,7 @@ class ParkWriter:
             if not batch:
                 return
             try:
-                stored = commit(batch, self._names, self._on_stored)
+                stored = commit(batch, self._names, self._on_stored, quiet=retrying)
             except DatabaseError as exc:
                 if not logged:
                     logger.error(
@@ -133,7 +194,14 @@ class ParkWriter:
                 if logged:
                     logger.warning("database is back; parked %d held message(s)", len(batch))
                 for job, ok in zip(batch, stored, strict=True):
-                    self._on_done(job.token, ok)
+                    if ok:
+                        if retrying:
+                            logger.warning(
+                                "parked held message %s", job.request.properties.get("message_id")
+                            )
+                        self._on_done(job.token, True)
+                    else:
+                        self._hold(job, retrying=retrying)
                 return
             if self._stop.wait(backoff.next()):
                 for job in batch:
@@ -142,11 +210,15 @@ class ParkWriter:
 
 
 def commit(
-    jobs: Sequence[ParkJob], names: Names, on_stored: Callable[[list[str | None]], None]
+    jobs: Sequence[ParkJob],
+    names: Names,
+    on_stored: Callable[[list[str | None]], None],
+    *,
+    quiet: bool = False,
 ) -> list[bool]:
     """Store the jobs' rows (:func:`store`), log each one parked, and report their
     delivery-limit rows to ``on_stored``; per job, whether its row is stored."""
-    stored = store([job.request for job in jobs], names)
+    stored = store([job.request for job in jobs], names, quiet=quiet)
     for job, ok in zip(jobs, stored, strict=True):
         if ok:
             logger.warning(job.log_line)
@@ -154,14 +226,15 @@ def commit(
     return stored
 
 
-def store(requests: Sequence[ParkRequest], names: Names) -> list[bool]:
+def store(requests: Sequence[ParkRequest], names: Names, *, quiet: bool = False) -> list[bool]:
     """Commit the rows of ``requests``; per request, whether its row is stored.
 
     Raises ``DatabaseError`` only while the database does not answer (an outage: the
     caller holds the batch and retries). A database that answers but refuses the batch
     refused something in one request: row by row then, so that one does not hold up the
     others, and a row it still refuses is stored stripped (:func:`parking.stripped_request`)
-    rather than retried for ever.
+    rather than retried for ever. ``quiet``: a row already refused once is tried again;
+    a refusal again is logged at DEBUG only (its holder said it once).
     """
     try:
         park_many(requests, names=names)
@@ -169,13 +242,14 @@ def store(requests: Sequence[ParkRequest], names: Names) -> list[bool]:
     except DatabaseError as exc:
         if not _database_answers():
             raise
-        logger.warning("the database refused a batch of %d park(s): %s", len(requests), exc)
+        if not quiet:
+            logger.warning("the database refused a batch of %d park(s): %s", len(requests), exc)
     except Exception:
         logger.exception("internal error parking a batch of %d; row by row", len(requests))
-    return [_store_one(req, names) for req in requests]
+    return [_store_one(req, names, quiet) for req in requests]
 
 
-def _store_one(req: ParkRequest, names: Names) -> bool:
+def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
     try:
         park(req, names=names)
         return True
@@ -190,13 +264,14 @@ def _store_one(req: ParkRequest, names: Names) -> bool:
         refusal = exc
     try:
         park(stripped_request(req, refusal), names=names)
-    except DatabaseError:
+    except DatabaseError as exc:
         if not _database_answers():
             raise
-        logger.exception(
-            "cannot park message %s of %s even stripped; releasing it",
+        (logger.debug if quiet else logger.error)(
+            "cannot park message %s of %s even stripped: %s",
             req.properties.get("message_id"),
             req.receiver,
+            " ".join(str(exc).split())[:200],
         )
         return False
     logger.error(

@@ -200,11 +200,13 @@ class InMemoryBroker:
     def _settle(self, d: Delivery, stored: Stored, action: Action) -> str:
         """Carry out ``action`` as the real consumer's loop does; returns the outcome."""
         if isinstance(action, Ack):
+            self._limits.forget([action.start_key])  # settled: stop counting its give-backs
             return "handled"
         if isinstance(action, PublishRetry):
             if self.model.publish(
                 action.exchange, action.routing_key, action.body, action.properties
             ):
+                self._limits.forget([action.start_key])
                 action.announce()  # the "confirm": the copy is stored, ack the original
                 return "retried"
         elif isinstance(action, StorePark):

@@ -14,6 +14,7 @@ import os
 import time
 
 from django_rmq_retry import Reject, Retry, receiver
+from django_rmq_retry.signals import message_retried
 
 from .events import other, work
 
@@ -92,3 +93,15 @@ def beta(message, **kwargs):
 )
 def gamma(message, **kwargs):
     behave("gamma", message)
+
+
+def _slow_alert(sender, message, **kwargs):
+    """A slow ``message_retried`` hook (an alert posted to a slow service), when asked for."""
+    seconds = float(os.environ.get("RMQ_TEST_SLOW_RETRY_SIGNAL") or 0)
+    if seconds:
+        _log("signal-start", str(sender).rsplit(".", 1)[-1], message)
+        time.sleep(seconds)
+        _log("signal-end", str(sender).rsplit(".", 1)[-1], message)
+
+
+message_retried.connect(_slow_alert, weak=False, dispatch_uid="tests-slow-alert")
