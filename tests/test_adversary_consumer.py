@@ -234,3 +234,35 @@ def test_a_slow_message_retried_handler_does_not_hold_up_acks(rmq, procs):
     assert flowed, f"acks held up by the slow handler ({took:.1f}s)"
     assert still_sleeping
     assert {i: runs(rmq, i, "done") for i in range(20)} == {i: 1 for i in range(20)}
+
+
+def test_a_receiver_queue_deleted_under_a_running_consumer_is_declared_again(rmq, procs):
+    """The broker cancels the consumer (basic.cancel); it used to go unnoticed, and the
+    queue was never consumed again."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = rmq.queue("gamma")
+    proc = spawn(rmq, "gamma", "--threads", "2")
+    procs.append(proc)
+    for i in range(3):
+        other.send({"id": i})
+    assert wait_for(lambda: all(runs(rmq, i, "done") == 1 for i in range(3)), 30)
+    rmq.ch().queue_delete(queue)
+
+    def declared() -> bool:
+        try:
+            rmq.depth(queue)
+            return True
+        except Exception:
+            return False
+
+    back = wait_for(declared, 15, 0.3)
+    if back:
+        for i in range(3, 13):
+            other.send({"id": i})
+        wait_for(lambda: all(runs(rmq, i, "done") == 1 for i in range(3, 13)), 30)
+    out = stop(proc)
+    done = {i: runs(rmq, i, "done") for i in range(13)}
+    print(f"\nCOUNTS queue deleted: declared again={back} handled={sum(done.values())}/13")
+    assert back, f"the consumer never noticed the deletion\n{out[-3000:]}"
+    assert done == {i: 1 for i in range(13)}
+    assert "cancelled" in out, out[-3000:]

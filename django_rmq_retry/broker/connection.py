@@ -54,9 +54,12 @@ def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLP
     url = url or broker_urls()[0]
     params = pika.URLParameters(url)
     params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
-    params.blocked_connection_timeout = float(
-        overrides.get("blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT)
+    blocked_timeout = overrides.get(
+        "blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT
     )
+    # None: wait out a memory or disk alarm however long it lasts (a publishing-only
+    # connection whose owner keeps its other connection, and heartbeats, alive).
+    params.blocked_connection_timeout = None if blocked_timeout is None else float(blocked_timeout)
     timeout = float(app_settings.CONNECT_TIMEOUT)
     params.socket_timeout = timeout
     params.stack_timeout = timeout * 2
@@ -158,6 +161,19 @@ class Connection:
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
+    def on_blocked(self, callback: Callable[[bool, str], None]) -> None:
+        """``callback(blocked, reason)`` when the broker blocks (a memory or disk alarm) or
+        unblocks this connection's publishes; it runs in the I/O loop."""
+
+        def blocked(frame: Any) -> None:
+            callback(True, str(getattr(frame.method, "reason", "") or ""))
+
+        def unblocked(_frame: Any) -> None:
+            callback(False, "")
+
+        self.raw.add_on_connection_blocked_callback(blocked)
+        self.raw.add_on_connection_unblocked_callback(unblocked)
+
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         """On the connection's thread: run ``callback`` from the I/O loop after ``delay``."""
         with translated():
@@ -181,6 +197,17 @@ class Channel:
     @property
     def is_open(self) -> bool:
         return bool(self.raw.is_open)
+
+    @property
+    def close_reason(self) -> str:
+        """Why the channel closed (the broker's reply code and text, when it closed it)."""
+        reason = getattr(self.raw, "_closing_reason", None)  # pika keeps no public copy
+        return describe(reason) if reason is not None else "closed"
+
+    def on_cancelled(self, callback: Callable[[str], None]) -> None:
+        """``callback(consumer_tag)`` when the broker cancels one of our consumers
+        (``basic.cancel``: its queue was deleted, or the node holding it went away)."""
+        self.raw.add_on_cancel_callback(lambda frame: callback(str(frame.method.consumer_tag)))
 
     def declare(self, the_plan: Plan) -> None:
         """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""

@@ -1,6 +1,8 @@
 """The consumer loop behind ``manage.py rmq_consume``: the connection's thread.
 
-One connection owned by the thread that calls :meth:`Consumer.run`; receivers run in worker
+Two connections owned by the thread that calls :meth:`Consumer.run`: one consumes and
+settles, the other only publishes retry copies, so a memory or disk alarm (the broker blocks
+connections that publish) holds up the copies but never the acks. Receivers run in worker
 threads (``pool``) so a slow receiver never starves heartbeats. A worker turns a delivery
 into an *action* (``handler``) and hands it back to the connection's thread, which settles
 it: ack, give back, publish a retry copy and ack the original only once the broker
@@ -85,12 +87,14 @@ class Consumer:
         #: The URL of the connection lost last: a reconnect tries the next broker URL first.
         self._lost_url: str | None = None
         self._channel: Any = None  # broker.Channel while connected
+        self._copies_connection: broker.Connection | None = None
         self._copies: broker.ConfirmChannel | None = None
+        self._queue_by_tag: dict[str, str] = {}
+        self._cancelled: list[str] = []  # consumer tags the broker cancelled
         self._unsettled: set[int] = set()
         self._done: SimpleQueue[Job] = SimpleQueue()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
-        self._consumer_tags: list[str] = []
         self._inflight: dict[int, Job] = {}
         self._last_activity = time.monotonic()
         limits = DeliveryLimit(
@@ -157,24 +161,29 @@ class Consumer:
         self._unsettled = set()  # delivery tags start over on a new channel
         with self._wake_lock:
             self._wake_pending = False  # a wake-up scheduled on the old connection is gone
-        self._connection = broker.connect(
-            after=self._lost_url,
-            name=f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}",
-        )
+        name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
+        self._connection = broker.connect(after=self._lost_url, name=name)
+        self._connection.on_blocked(functools.partial(_log_blocked, "consumer"))
         channel = self._connection.channel()
         plan = current_plan(self.receivers, self.names)
         channel.declare(plan)
         channel.qos(self.prefetch)
-        self._copies = broker.ConfirmChannel(self._connection)
+        channel.on_cancelled(self._cancelled.append)
+        # No blocked-connection timeout: during an alarm the copies wait as long as it
+        # lasts (their originals stay unacked, not given back) while acks flow on the other.
+        self._copies_connection = broker.connect(
+            self._connection.url, name=f"{name} retry copies", blocked_connection_timeout=None
+        )
+        self._copies_connection.on_blocked(functools.partial(_log_blocked, "retry-copies"))
+        self._copies = broker.ConfirmChannel(self._copies_connection)
         self._channel = channel
-        self._consumer_tags = []
+        self._queue_by_tag = {}
+        self._cancelled.clear()
         queues = list(self._by_queue)
         if self.consume_orphans:  # and, with quorum queues, what the broker dead-lettered
             queues.extend(plan.parking_queues)
         for queue_name in queues:
-            self._consumer_tags.append(
-                channel.consume(queue_name, self._on_message(queue_name, self._generation))
-            )
+            self._consume(queue_name)
         logger.info(
             "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
             len(queues),
@@ -182,6 +191,27 @@ class Consumer:
             self.prefetch,
             self.threads,
         )
+
+    def _consume(self, queue_name: str) -> None:
+        tag = self._channel.consume(queue_name, self._on_message(queue_name, self._generation))
+        self._queue_by_tag[tag] = queue_name
+
+    def _resume_cancelled(self) -> None:
+        """The broker cancelled consumers (``basic.cancel``): their queue was deleted, or the
+        node holding it went away. Declare the topology again and consume them again; a
+        queue that cannot be declared raises (reconnect, or exit if it conflicts)."""
+        tags, self._cancelled[:] = list(self._cancelled), []
+        queues = [self._queue_by_tag.pop(tag) for tag in tags if tag in self._queue_by_tag]
+        if not queues or self._stop.is_set():
+            return
+        logger.error(
+            "RabbitMQ cancelled the consumer of %s (queue deleted, or its node went down); "
+            "declaring the topology again and resuming",
+            ", ".join(queues),
+        )
+        self._channel.declare(current_plan(self.receivers, self.names))
+        for queue_name in queues:
+            self._consume(queue_name)
 
     def _abandon_connection(self, why: str) -> None:
         """Forget a dead connection; unacked deliveries return to their queues by themselves.
@@ -194,24 +224,28 @@ class Consumer:
             if not self._pool.cancel(job):
                 self._limits.note(job.delivery, channel_lost(why))
         self._inflight.clear()
-        conn, self._connection = self._connection, None
+        if self._connection is not None:
+            self._lost_url = self._connection.url  # the next connection tries another node
+        self._close_connections()
         self._channel = self._copies = None
-        if conn is not None:
-            self._lost_url = conn.url
-            conn.close()
+
+    def _close_connections(self) -> None:
+        for conn in (self._connection, self._copies_connection):
+            if conn is not None:
+                conn.close()
+        self._connection = self._copies_connection = None
 
     def _close(self) -> None:
         self._pool.shutdown()
         self._parker.close()
         self._notifier.close()
-        if self._connection is not None:
-            self._connection.close()
-        self._connection = None
+        self._close_connections()
         connections.close_all()
 
     def _pump(self, seconds: float) -> None:
-        assert self._connection is not None
+        assert self._connection is not None and self._copies_connection is not None
         self._connection.pump(seconds)
+        self._copies_connection.pump(0)  # confirms and returns of retry copies
         if not self._done.empty():
             # Safety net: a wake-up handed to a connection that died before running it
             # must never leave finished deliveries unsettled (and the prefetch window full).
@@ -220,6 +254,12 @@ class Consumer:
             raise ConnectionLost(
                 f"the channel for retry copies closed: {self._copies.broken_reason}"
             )
+        if not self._channel.is_open:  # e.g. consumer_timeout: 406 acknowledgement timed out
+            raise ConnectionLost(
+                f"RabbitMQ closed the consumer's channel: {self._channel.close_reason}"
+            )
+        if self._cancelled:
+            self._resume_cancelled()
 
     # Main loop ------------------------------------------------------------------------------
     def _consume_until_stopped(self) -> None:
@@ -240,7 +280,7 @@ class Consumer:
 
     def _warm_shutdown(self) -> None:
         """Stop consuming, let in-flight receivers finish and act on them, then return."""
-        for consumer_tag in self._consumer_tags:
+        for consumer_tag in list(self._queue_by_tag):
             try:
                 self._channel.cancel(consumer_tag)
             except ConnectionLost:
@@ -260,9 +300,7 @@ class Consumer:
                 len(self._inflight),
                 self.shutdown_timeout,
             )
-        assert self._connection is not None
-        self._connection.close()
-        self._connection = None
+        self._close_connections()
 
     # Deliveries (connection thread) ---------------------------------------------------------
     def _on_message(self, queue_name: str, generation: int) -> broker.connection.OnMessage:
@@ -445,3 +483,16 @@ class Consumer:
             return self.handler.handle(d)
         finally:
             close_old_connections()
+
+
+def _log_blocked(which: str, blocked: bool, reason: str) -> None:
+    """A memory or disk alarm blocked (or released) a connection's publishes: say so."""
+    if blocked:
+        logger.warning(
+            "RabbitMQ blocked the %s connection (%s): a memory or disk alarm; its publishes "
+            "wait until it clears",
+            which,
+            reason or "no reason given",
+        )
+    else:
+        logger.warning("RabbitMQ unblocked the %s connection", which)
