@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django import forms
@@ -20,6 +21,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -38,6 +40,16 @@ from .preview import body_preview
 from .registry import default_registry
 
 logger = logging.getLogger("django_rmq_retry.admin")
+
+_View = TypeVar("_View", bound=Callable[..., Any])
+
+
+def _outside_request_transactions(view: _View) -> _View:
+    """``transaction.non_atomic_requests`` for every configured database."""
+    for alias in connections:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
+
 
 #: Query-string keys of the changelist that are not filters.
 _NOT_FILTERS = frozenset({"p", "o", "e", "_changelist_filters", "_to_field", "_popup"})
@@ -220,7 +232,16 @@ class ParkedMessageAdmin(admin.ModelAdmin):
         ]
         return extra + super().get_urls()
 
+    @_outside_request_transactions
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """The list and its actions, never inside an ``ATOMIC_REQUESTS`` transaction.
+
+        A requeue publishes each row and then marks it requeued: inside the request's
+        transaction the marks would commit only when the whole view returns, after the
+        copies were published (a copy failing fast would meet a row not yet requeued, and
+        the claims of a long requeue would hold the table). Each service commits its own
+        steps instead.
+        """
         extra_context = {
             **(extra_context or {}),
             "summary_url": reverse(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -22,7 +23,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_rmq_retry import Topic, parking
+from django_rmq_retry import Topic, parking, signals
 from django_rmq_retry.models import ParkedMessage
 from tests.conftest import read_log, start_consumer
 from tests.testapp.events import work
@@ -304,3 +305,53 @@ def test_requeue_memory_stays_flat_for_large_bodies(rmq):
     assert ParkedMessage.objects.filter(status="requeued").count() == 2000
     assert rmq.depth(queue) == 2000
     assert peak < 40 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+# Admin requeue and ATOMIC_REQUESTS -----------------------------------------------------------
+def test_admin_requeue_commits_its_marks_even_with_atomic_requests(rmq, client):
+    """With ATOMIC_REQUESTS the admin requeue still commits each row's mark before it returns:
+    another connection (a consumer meeting the requeued copy) sees the row requeued."""
+    from django.contrib.auth.models import User
+    from django.db import connection, connections
+    from django.urls import reverse
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    work.send({"id": 1, "fail": "always", "only": ["alpha"]})
+    consume("alpha", "beta")
+    row = ParkedMessage.objects.get()
+    seen: list[tuple[bool, str]] = []  # (request in a transaction?, status seen elsewhere)
+
+    def look(sender, parked_ids, **kwargs):
+        statuses: list[str] = []
+
+        def other_connection():
+            try:
+                statuses.append(ParkedMessage.objects.get(pk=parked_ids[0]).status)
+            finally:
+                connections.close_all()
+
+        worker = threading.Thread(target=other_connection)
+        worker.start()
+        worker.join(30)
+        seen.append((connection.in_atomic_block, *statuses))
+
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    signals.message_requeued.connect(look)
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        response = client.post(
+            reverse("admin:django_rmq_retry_parkedmessage_changelist"),
+            {
+                "action": "requeue_selected",
+                "_selected_action": [str(row.pk)],
+                "index": "0",
+                "select_across": "0",
+            },
+            follow=True,
+        )
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False
+        signals.message_requeued.disconnect(look)
+    assert response.status_code == 200
+    assert seen == [(False, "requeued")]
+    assert rmq.depth(rmq.queue("alpha")) == 1

@@ -95,6 +95,13 @@ def requeue(
     ``deadline`` (a ``time.monotonic()`` value) stops the run at the first batch boundary
     after it, with ``result.stopped`` set: running it again continues, and nothing is ever
     requeued twice.
+
+    Call it outside any transaction of yours. Inside one (``ATOMIC_REQUESTS``, an
+    ``atomic`` block) the claims and marks commit only with it, after the copies were
+    published: a copy that fails at once meets a row other connections still see parked
+    (it then gets a row of its own), a rollback leaves published rows parked (requeued
+    again later), and the claims hold their locks until the end. The admin's views opt
+    out of ``ATOMIC_REQUESTS`` for this reason.
     """
     if mode not in (MODE_RECEIVER, MODE_TOPIC):
         raise ValueError(f"unknown requeue mode {mode!r}")
