@@ -7,6 +7,7 @@ lost mid-publish is replaced and the publish tried once more (at-least-once).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -342,11 +343,34 @@ _publisher_lock = threading.Lock()
 
 def get_publisher() -> Publisher:
     """The process-wide publisher (created on first use; ``testing`` installs its own)."""
-    global _publisher
+    global _publisher, _closes_at_exit
     with _publisher_lock:
         if _publisher is None:
             _publisher = Publisher()
+            if not _closes_at_exit:
+                atexit.register(_close_at_exit)
+                _closes_at_exit = True
         return _publisher
+
+
+_closes_at_exit = False
+
+
+def _close_at_exit() -> None:
+    """Close the process's publisher connection when the interpreter exits.
+
+    Without it every process that ever published (a web worker, a management command)
+    leaves by dropping its socket, and the broker logs "client unexpectedly closed TCP
+    connection" for each. A forked child leaves its parent's connection alone: closing it
+    would write on the parent's socket.
+    """
+    publisher = _publisher
+    if not isinstance(publisher, Publisher) or publisher._pid != os.getpid():
+        return
+    try:
+        publisher.close()
+    except Exception:  # the broker may be gone already; exit quietly
+        logger.debug("closing the publisher at exit failed", exc_info=True)
 
 
 def install(publisher: Any) -> Any:

@@ -9,13 +9,16 @@ shows as a count, never as a hung test run.
 from __future__ import annotations
 
 import gc
+import glob
 import os
 import subprocess
+import sys
 import threading
 import time
 import tracemalloc
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -25,7 +28,7 @@ from django.utils import timezone
 
 from django_rmq_retry import Topic, parking, signals
 from django_rmq_retry.models import ParkedMessage
-from tests.conftest import read_log, start_consumer
+from tests.conftest import ROOT, read_log, start_consumer, subprocess_env
 from tests.testapp.events import work
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -355,3 +358,50 @@ def test_admin_requeue_commits_its_marks_even_with_atomic_requests(rmq, client):
     assert response.status_code == 200
     assert seen == [(False, "requeued")]
     assert rmq.depth(rmq.queue("alpha")) == 1
+
+
+# Publisher processes close their connection -------------------------------------------------
+def _broker_log() -> Path:
+    found = os.environ.get("RMQ_LOG") or next(
+        iter(sorted(glob.glob("/var/log/rabbitmq/rabbit@*.log"), key=os.path.getmtime)[-1:]),
+        None,
+    )
+    if not found or not os.access(found, os.R_OK):
+        pytest.fail("the broker's log is needed: set RMQ_LOG to its path", pytrace=False)
+    return Path(found)
+
+
+@pytest.mark.parametrize("how", ["returns", "sys.exit"])
+def test_a_process_that_published_closes_its_connection_when_it_exits(rmq, how):
+    log = _broker_log()
+    start = log.stat().st_size
+    script = (
+        "import django, sys; django.setup()\n"
+        "from tests.testapp.events import work\n"
+        "work.send({'id': 1})\n"
+        "import os; print(os.getpid())\n" + ("sys.exit(0)\n" if how == "sys.exit" else "")
+    )
+    env = subprocess_env(rmq.prefix, rmq.log)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=str(ROOT), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    name = f"django-rmq-retry publisher {rmq.prefix} pid {done.stdout.strip()}"
+
+    def closing_lines() -> list[str]:
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            lines = f.read().splitlines()
+        out = []
+        for i, line in enumerate(lines):
+            if "closing AMQP connection" in line and name in line:
+                out.append(line + " " + (lines[i + 1] if i + 1 < len(lines) else ""))
+        return out
+
+    deadline = time.monotonic() + 10
+    while not closing_lines() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    closed = closing_lines()
+    assert len(closed) == 1, closed
+    assert "unexpectedly" not in closed[0], closed[0]
+    assert rmq.depth(rmq.queue("alpha")) == 1  # it did publish
