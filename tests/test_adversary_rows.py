@@ -405,3 +405,50 @@ def test_a_process_that_published_closes_its_connection_when_it_exits(rmq, how):
     assert len(closed) == 1, closed
     assert "unexpectedly" not in closed[0], closed[0]
     assert rmq.depth(rmq.queue("alpha")) == 1  # it did publish
+
+
+# An IntegrityError that is not a racing duplicate ------------------------------------------
+@pytest.mark.parametrize("claim", [False, True])
+def test_a_constraint_of_yours_refusing_a_row_is_raised_not_retried(claim):
+    """A CHECK or trigger of the project's refusing a row raises at once (the consumer's
+    refused-row path takes over); only a racing duplicate key is looked up again."""
+    from django.db import IntegrityError, connection
+    from django.test.utils import CaptureQueriesContext
+
+    table = ParkedMessage._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(
+                f"CREATE TRIGGER refuse_boom BEFORE INSERT ON {table} "
+                "WHEN NEW.error_type = 'Refused' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        else:
+            cursor.execute(
+                f"ALTER TABLE {table} ADD CONSTRAINT refuse_boom CHECK (error_type <> 'Refused')"
+            )
+    try:
+        headers = {"rmq_retry_test-parked-id": "1", "rmq_retry_test-requeued": 1} if claim else {}
+        req = parking.ParkRequest(
+            receiver="r",
+            queue="p.r",
+            exchange="p.work",
+            routing_key="k",
+            body=b"{}",
+            properties={"headers": headers},
+            reason="exhausted",
+            reason_detail="",
+            attempts=3,
+            redelivered=False,
+            error_type="Refused",
+        )
+        with CaptureQueriesContext(connection) as queries, pytest.raises(IntegrityError):
+            parking.park(req)
+        inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+        assert len(inserts) <= 2, len(inserts)
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "sqlite":
+                cursor.execute("DROP TRIGGER refuse_boom")
+            else:
+                cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT refuse_boom")
+    assert ParkedMessage.objects.count() == 0
