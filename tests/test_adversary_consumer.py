@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from django_rmq_retry.models import DeliveryStart, ParkedMessage
-from tests.conftest import BROKER_URL, Child, read_log, wait_for
+from tests.conftest import BROKER_URL, Child, rabbitmqctl_cmd, read_log, wait_for
 from tests.faults.conftest import kill, spawn, stop
 from tests.testapp.events import other, work
 
@@ -43,7 +43,7 @@ def runs(rmq, ident, event="start") -> int:
 
 def rabbitmqctl(*args: str) -> str:
     return subprocess.run(
-        ["rabbitmqctl", "-q", *args], check=True, capture_output=True, text=True, timeout=60
+        rabbitmqctl_cmd("-q", *args), check=True, capture_output=True, text=True, timeout=60
     ).stdout
 
 

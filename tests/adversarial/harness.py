@@ -31,7 +31,7 @@ import pika.exceptions
 
 from tests.adversarial.advapp.receivers import MAX_ATTEMPTS, ident
 from tests.adversarial.gen import Case
-from tests.conftest import BROKER_URL, read_log
+from tests.conftest import BROKER_URL, rabbitmqctl_cmd, read_log
 from tests.faults.rawamqp import BrokerClosed, RawPublisher
 
 COLUMNS = (
@@ -51,7 +51,7 @@ ROWS: list[dict[str, Any]] = []
 
 def rabbitmqctl(*args: str, check: bool = True) -> str:
     return subprocess.run(
-        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, check=check, timeout=60
+        rabbitmqctl_cmd("-q", *args), capture_output=True, text=True, check=check, timeout=60
     ).stdout
 
 
