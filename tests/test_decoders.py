@@ -226,6 +226,25 @@ def test_a_header_table_pika_refuses_is_marked_with_a_reason_naming_the_value(he
     assert props.headers[RAW_HEADERS] == table(headers)
 
 
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"v": Raw(b"d", struct.pack(">d", 1.7976931348623157e308))}, "'v': a double or float"),
+        ({"a": [1, {"f": Raw(b"f", struct.pack(">f", 3.4e38))}]}, "'a' [1] > 'f': a double"),
+        ({"n": Raw(b"d", struct.pack(">d", -1e19))}, "integer -1.000e+19, outside AMQP's 64-bit"),
+    ],
+)
+def test_a_double_pika_cannot_send_again_is_marked(headers, reason):
+    props = decoded(headers)
+    assert reason in props.headers[UNDECODABLE_HEADERS]
+    assert props.headers[RAW_HEADERS] == table(headers)
+
+
+def test_doubles_pika_can_send_again_pass():
+    props = decoded({"v": Raw(b"d", struct.pack(">d", 9.2e18)), "w": 2**63 - 1})
+    assert props.headers == {"v": 9200000000000000000, "w": 2**63 - 1}
+
+
 def test_inner_lengths_that_run_past_the_table_are_caught():
     inner = b"\x01aS" + struct.pack(">I", 20) + b"ab"  # a long string claiming 20 bytes
     raw = Raw(b"", struct.pack(">I", len(inner)) + inner)

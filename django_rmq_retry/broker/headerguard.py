@@ -11,6 +11,7 @@ The top-level table decode used for properties is wrapped. A table pika refuses 
 it raises — becomes ``{UNDECODABLE_HEADERS: reason, RAW_HEADERS: the table's bytes}`` (its
 length prefix lets us skip it), and the consumer parks the message as undecodable with those
 bytes kept. The reason names the value: ``header 'meta' > 'at': timestamp ... out of range``.
+So does a table pika decodes into a value it could never encode again (a huge double).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def install() -> None:
         if stop != end:  # an inner length ran past the table: what follows would be garbage
             reason = "headers cannot be decoded: their lengths disagree"
             return {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}, end
+        if table and (oversized := _oversized(table)) is not None:
+            reason = f"headers cannot be decoded: {oversized}"
+            return {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}, end
         return table, stop
 
     guarded = types.ModuleType(pika.data.__name__)
@@ -62,6 +66,28 @@ def install() -> None:
     guarded.decode_table = decode_table  # type: ignore[attr-defined]
     guarded._rmq_retry_guard = True  # type: ignore[attr-defined]
     pika.spec.data = guarded  # type: ignore[attr-defined]
+
+
+def _oversized(table: dict[Any, Any]) -> str | None:
+    """A value pika decoded but can never send again, named by its path, or None.
+
+    pika reads AMQP doubles and floats as integers (``int(value)``): ``1.8e308`` becomes a
+    309-digit integer that no AMQP integer type holds, so the retry copy of that message
+    would fail to encode inside the connection's I/O and take the consumer down.
+    """
+    stack: list[tuple[Any, tuple[str, ...]]] = [(table, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, (*path, repr(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*path, f"[{i}]")) for i, v in enumerate(value))
+        elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+            return (
+                f"header {_where(path)}: a double or float pika reads as the integer "
+                f"{value:.3e}, outside AMQP's 64-bit range (it could not be sent again)"
+            )
+    return None
 
 
 def _undecodable(encoded: bytes, offset: int, end: int, exc: BaseException) -> dict[str, Any]:
