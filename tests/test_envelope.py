@@ -338,6 +338,8 @@ def test_original_route_longer_than_amqp_allows_is_ignored():
     h = {"p-original-exchange": "p.work", "p-original-routing-key": "k" * 256}
     env = read_incoming(h, "p.deliver", "", N)
     assert (env.exchange, env.routing_key) == ("p.deliver", "")
+    assert read_incoming({"p-target": "q" * 256}, "p.orphans", "", N).target is None
+    assert read_incoming({"p-target": "p.q"}, "p.orphans", "", N).target == "p.q"
 
 
 def test_retry_copy_carries_the_checked_first_failure_not_the_header_text():

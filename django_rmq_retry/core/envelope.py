@@ -149,7 +149,7 @@ def read_incoming(
         requeued=requeued if requeued is not None and 0 <= requeued <= MAX_ATTEMPT else 0,
         first_failure=first_failure,
         parked_id=parked_id if parked_id is not None and _ROW_ID.fullmatch(parked_id) else None,
-        target=_str(headers, names.target_header),
+        target=_short_str(headers, names.target_header),
         undecodable=None if undecodable is None else str(undecodable),
         warning=warning,
         via_us=via_us,
@@ -180,15 +180,19 @@ def _attempt(headers: Mapping[str, Any], names: Names) -> tuple[int, str | None]
 
 def _route(headers: Mapping[str, Any], names: Names) -> tuple[str, str] | None:
     """The original exchange and routing key, if both are valid AMQP short strings."""
-    exchange = _str(headers, names.header("original-exchange"))
-    key = _str(headers, names.header("original-routing-key"))
+    exchange = _short_str(headers, names.header("original-exchange"))
+    key = _short_str(headers, names.header("original-routing-key"))
     if exchange is None or key is None:
         return None
-    if len(exchange.encode("utf-8", "surrogatepass")) > 255:
-        return None
-    if len(key.encode("utf-8", "surrogatepass")) > 255:
-        return None
     return exchange, key
+
+
+def _short_str(headers: Mapping[str, Any], name: str) -> str | None:
+    """A header that names an exchange, a routing key or a queue: at most 255 bytes."""
+    text = _str(headers, name)
+    if text is None or len(text.encode("utf-8", "surrogatepass")) > 255:
+        return None
+    return text
 
 
 def valid_first_failure(value: Any) -> datetime | None:
