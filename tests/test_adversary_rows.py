@@ -27,6 +27,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_rmq_retry import Topic, parking, signals
+from django_rmq_retry.conf import current_names
 from django_rmq_retry.models import ParkedMessage
 from tests.conftest import ROOT, read_log, start_consumer, subprocess_env
 from tests.testapp.events import work
@@ -452,3 +453,50 @@ def test_a_constraint_of_yours_refusing_a_row_is_raised_not_retried(claim):
             else:
                 cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT refuse_boom")
     assert ParkedMessage.objects.count() == 0
+
+
+# The requeued-copy check, case by case (database only) --------------------------------------
+def _req(headers: dict, **overrides: Any) -> parking.ParkRequest:
+    values: dict[str, Any] = dict(
+        receiver="r",
+        queue="p.r",
+        exchange="p.work",
+        routing_key="k",
+        body=b'{"n": 1}',
+        properties={"message_id": "m1", "headers": headers},
+        reason="exhausted",
+        reason_detail="",
+        attempts=3,
+        redelivered=False,
+    )
+    values.update(overrides)
+    return parking.ParkRequest(**values)
+
+
+@pytest.mark.parametrize(
+    ("status", "count", "claim", "overrides", "returns"),
+    [
+        ("requeued", 1, 1, {}, True),
+        ("requeuing", 0, 1, {}, True),  # the copy failed before the requeue marked its row
+        ("requeued", 2, 1, {}, False),  # an older copy than the row's last requeue
+        ("requeuing", 1, 1, {}, False),
+        ("parked", 0, 1, {}, False),  # never requeued
+        ("discarded", 1, 1, {}, False),
+        ("requeued", 1, 1, {"queue": "p.other", "receiver": "other"}, False),
+        ("requeued", 1, 1, {"body": b'{"n": 2}'}, False),
+        ("requeued", 1, 1, {"properties": {"message_id": "m2"}}, False),
+    ],
+)
+def test_a_copy_returns_to_its_row_only_when_everything_agrees(
+    status, count, claim, overrides, returns
+):
+    names = current_names()
+    row, _ = parking.park(_req({}))
+    ParkedMessage.objects.filter(pk=row.pk).update(status=status, requeue_count=count)
+    headers = {names.header("parked-id"): str(row.pk), names.header("requeued"): claim}
+    props = {**_req({}).properties, **overrides.pop("properties", {}), "headers": headers}
+    back, created = parking.park(_req(headers, properties=props, **overrides))
+    assert (back.pk == row.pk) is returns and created is not returns
+    assert ParkedMessage.objects.count() == (1 if returns else 2)
+    row.refresh_from_db()
+    assert row.status == ("parked" if returns else status)
