@@ -27,7 +27,7 @@ from django.core.management import call_command
 
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.parking.rows import row_properties
-from tests.conftest import BROKER_URL, read_log
+from tests.conftest import BROKER_URL, read_log, wait_for
 from tests.faults.conftest import spawn, stop
 from tests.faults.rawamqp import BrokerClosed, Raw, RawPublisher, longstr, nested
 
@@ -302,3 +302,42 @@ def _kept(case: Case, row: ParkedMessage) -> list[str]:
     if case.name == "header-key" and props.get("headers") != {b"k\xff\xfe": "v"}:
         problems.append(f"{case.name}: header key not kept ({row.headers!r})")
     return problems
+
+
+def test_an_undecodable_row_requeues_as_an_ordinary_message_or_parks_again(rmq):
+    """The row of an undecodable header table requeues without it (and is handled); a row
+    whose property is not UTF-8 goes out exactly as it came and parks again, in its own row."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = rmq.queue("alpha")
+    raw = RawPublisher(BROKER_URL)
+    for mid, props in (
+        ("rq-ts", {"headers": {"born": timestamp(-1, ">q")}}),
+        ("rq-ct", {"content_type": b"application/json\xff"}),
+    ):
+        body = json.dumps({"id": mid}).encode()
+        assert raw.publish("", queue, body, **{"content_type": JSON, "message_id": mid, **props})
+    raw.close()
+    proc = spawn(rmq, "alpha")
+    try:
+        assert wait_for(lambda: ParkedMessage.objects.count() == 2, 30)
+        call_command("rmq_requeue", no_progress=True)
+
+        def settled() -> bool:
+            rows = {r.message_id: r for r in ParkedMessage.objects.all()}
+            done = {e["id"] for e in read_log(rmq.log) if e["event"] == "done"}
+            return "rq-ts" in done and rows["rq-ct"].status == "parked"
+
+        assert wait_for(settled, 30), stop(proc)[-3000:]
+    finally:
+        out = stop(proc)
+    every = list(ParkedMessage.objects.order_by("pk"))
+    rows = {r.message_id: r for r in every}
+    assert sorted(r.message_id for r in every) == ["rq-ct", "rq-ts"]
+    assert rows["rq-ts"].status == "requeued"
+    assert isinstance(row_properties(rows["rq-ts"])["undecodable_headers"], bytes)
+    again = rows["rq-ct"]
+    assert (again.status, again.reason, again.park_count) == ("parked", "undecodable", 2)
+    assert "content_type" in again.reason_detail
+    assert row_properties(again)["content_type"] == b"application/json\xff"
+    assert [e["id"] for e in read_log(rmq.log) if e["event"] == "done"] == ["rq-ts"]
+    assert out.count("connection to RabbitMQ lost") == 0 and out.count("internal error") == 0
