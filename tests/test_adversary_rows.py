@@ -75,6 +75,20 @@ def test_parking_works_without_time_zones(rmq):
     row = ParkedMessage.objects.get()
     assert (row.status, row.reason, row.attempts) == ("parked", "exhausted", 3)
     assert rmq.depth(rmq.queue("alpha")) == 0
+    # Requeue without time zones too (claims compare times), and the copy returns to its row.
+    requeue = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "rmq_requeue", f"--id={row.pk}", "--no-progress"],
+        env=subprocess_env(rmq.prefix, rmq.log, RMQ_TEST_USE_TZ="false"),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert requeue.returncode == 0, requeue.stderr[-2000:]
+    out = run_child(rmq, "alpha", RMQ_TEST_USE_TZ="false")
+    assert starts(rmq.log, "alpha") == {1: 6}, out[-2000:]
+    row = ParkedMessage.objects.get()
+    assert (row.status, row.park_count, row.requeue_count) == ("parked", 2, 1)
 
 
 # A new failure never merges into a finished row --------------------------------------------
