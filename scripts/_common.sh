@@ -51,10 +51,13 @@ ensure_postgres() {
 }
 
 ensure_debs() {
-  # Debian packages the tests use: chromium (browser tests) and amqp-tools (a second AMQP client).
+  # Debian packages the tests use: chromium (browser tests), amqp-tools and Node.js with npm
+  # (two AMQP clients that are not ours; the test installs amqplib from tests/foreign itself).
   local missing=()
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v amqp-publish >/dev/null || missing+=(amqp-tools)
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
