@@ -197,7 +197,7 @@ class Tally:
         """Pairs whose receiver ran more than its policy allows, and the most runs of a pair.
 
         Fresh starts (not redelivered by the broker) are receiver attempts: at most
-        max_attempts per requeue round. Redelivered starts of one attempt are give-backs: at
+        max_attempts (these tests never requeue, so there is one round). Redelivered starts of one attempt are give-backs: at
         most the delivery limit before the message must be parked.
         """
         bad = []
@@ -205,7 +205,7 @@ class Tally:
         for (rec, token), starts in self.starts.items():
             most = max(most, len(starts))
             limit = MAX_ATTEMPTS.get(rec, 0)
-            rounds = max((int(s.get("requeued") or 0) for s in starts), default=0) + 1
+            rounds = 1  # nothing here requeues: a forged requeued header earns no extra runs
             fresh = sum(1 for s in starts if not s["redelivered"])
             by_attempt = Counter(s["attempt"] for s in starts if s["redelivered"])
             if fresh > limit * rounds:

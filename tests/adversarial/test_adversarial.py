@@ -146,7 +146,13 @@ class Run:
         if not settled:
             problems.append(f"not settled within {SETTLE_SECONDS}s: {_depths(self.rmq)}")
         for rec, token in tally.lost[:10]:
-            problems.append(f"LOST {rec}: {self.cases[token].describe()}")
+            runs = [(e["attempt"], e["redelivered"]) for e in tally.starts.get((rec, token), [])]
+            said = [line[:300] for line in out.splitlines() if token in line][:5]
+            said += _rows_of(token)
+            problems.append(
+                f"LOST {rec}: {self.cases[token].describe()}\n    runs (attempt, redelivered): "
+                f"{runs}; consumer lines: {said}"
+            )
         if len(tally.lost) > 10:
             problems.append(f"... {len(tally.lost) - 10} more lost")
         problems += [f"RUNS {line}: {self.cases[_tok(line)].describe()}" for line in over[:10]]
@@ -181,6 +187,21 @@ class Run:
                 + "; ".join(self.cases[t].describe() for _r, t in dup[:5] if t in self.cases),
                 pytrace=False,
             )
+
+
+def _rows_of(token: str) -> list[str]:
+    """Every row that mentions ``token`` anywhere (a lost pair's row may sit under another key)."""
+    from django_rmq_retry.models import ParkedMessage
+
+    out = []
+    for row in ParkedMessage.objects.all().iterator():
+        text = f"{bytes(row.body or b'')!r}{row.message_id}{row.headers}{row.history}"
+        if token in text:
+            out.append(
+                f"row {row.pk} {h.short(row.receiver)} {row.status} {row.reason} "
+                f"count {row.park_count} message_id {row.message_id[:40]!r}"
+            )
+    return out
 
 
 def _tok(line: str) -> str:
