@@ -11,7 +11,6 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -66,10 +65,6 @@ IDENTITY_ENCODINGS = frozenset({"", "identity", "binary", "7bit", "8bit"})
 #: zlib window bits per compression we inflate: gzip framing, then zlib framing.
 _COMPRESSIONS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 
-#: A number that may be too large for a float (an exponent of 3+ digits, or 309+ digits):
-#: only then is the body decoded again with the slower check of every float.
-_MAYBE_HUGE = re.compile(r"[0-9][eE]\+?[0-9]{3}|[0-9]{309}")
-
 
 def _not_a_json_constant(name: str) -> Any:
     raise Undecodable(f"body is not valid JSON: {name} is not a JSON value")
@@ -82,9 +77,10 @@ def _finite(text: str) -> float:
     return value
 
 
-#: Strict JSON (RFC 8259): ``NaN``/``Infinity`` are refused, not turned into floats.
-_JSON = json.JSONDecoder(parse_constant=_not_a_json_constant)
-_JSON_FINITE = json.JSONDecoder(parse_constant=_not_a_json_constant, parse_float=_finite)
+#: Strict JSON (RFC 8259): ``NaN``/``Infinity``, and numbers too large for a float (which
+#: Python would turn into ``inf``), are refused. The float check costs about 0.25 µs per
+#: float in the body; a body without floats decodes at the C scanner's full speed.
+_JSON = json.JSONDecoder(parse_constant=_not_a_json_constant, parse_float=_finite)
 
 
 def _charset(params: Mapping[str, str], hint: str | None) -> str:
@@ -161,8 +157,6 @@ def unwrap(
 def _json(body: bytes, charset: str) -> Any:
     text = _text(body, charset)
     try:
-        if _MAYBE_HUGE.search(text):
-            return _JSON_FINITE.decode(text)
         return _JSON.decode(text)
     except json.JSONDecodeError as exc:
         raise Undecodable(
