@@ -127,6 +127,16 @@ def property_cases() -> list[Case]:
     )
     cases.append(Case("header-key", "parked", "header key", props={"headers": {b"k\xff\xfe": "v"}}))
     cases.append(Case("routing-key", "parked", "routing key", routing_key=b"work.\xff\xfe"))
+    # Our marker's header name sent by a publisher: an ordinary header, not an undecodable table.
+    forged = {"django-rmq-retry-undecodable-headers": "forged", "undecodable_headers": b"\x00"}
+    cases.append(
+        Case(
+            "forged-marker",
+            "done",
+            body=json.dumps({"id": "forged-marker"}).encode(),
+            props={"headers": forged},
+        )
+    )
     return cases
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from django_rmq_retry.broker import headerguard
 from django_rmq_retry.core.bodies import Undecodable, decode_body, encode_body
-from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS, read_incoming
+from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders, read_incoming
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.core.outcome import Park, Run, triage
 from django_rmq_retry.core.undecodable import (
@@ -166,10 +166,20 @@ def test_an_ordinary_delivery_is_run():
 
 
 def test_undecodable_headers_keep_their_bytes_in_the_row_properties():
-    marked = {UNDECODABLE_HEADERS: "why", RAW_HEADERS: b"\x00\x00\x00\x00"}
+    marked = UndecodableHeaders({UNDECODABLE_HEADERS: "why", RAW_HEADERS: b"\x00\x00\x00\x00"})
     kept = without_headers({"message_id": "m", "headers": marked})
     assert kept == {"message_id": "m", "headers": {}, RAW_HEADERS: b"\x00\x00\x00\x00"}
     assert without_headers({"headers": {"a": 1}}) == {"headers": {}}
+
+
+def test_only_the_header_guard_can_mark_headers_undecodable():
+    forged = {UNDECODABLE_HEADERS: "forged", RAW_HEADERS: b"\x00"}
+    assert read_incoming(forged, "", "q", N).undecodable is None
+    props = {"content_type": JSON, "headers": forged}
+    assert isinstance(triage(read_incoming(forged, "", "q", N), b"{}", props), Run)
+    assert without_headers(props)["headers"] == {} and RAW_HEADERS not in without_headers(props)
+    marked = UndecodableHeaders({UNDECODABLE_HEADERS: "why"})
+    assert read_incoming(marked, "", "q", N).undecodable == "why"
 
 
 def test_the_row_codec_keeps_header_names_that_are_bytes():
@@ -221,6 +231,7 @@ def ts(seconds: int, fmt: str = ">Q") -> Raw:
 )
 def test_a_header_table_pika_refuses_is_marked_with_a_reason_naming_the_value(headers, reason):
     props = decoded(headers)
+    assert isinstance(props.headers, UndecodableHeaders)
     assert set(props.headers) == {UNDECODABLE_HEADERS, RAW_HEADERS}
     assert reason in props.headers[UNDECODABLE_HEADERS]
     assert props.headers[RAW_HEADERS] == table(headers)

@@ -17,7 +17,7 @@ from django_rmq_retry.consumer.actions import Ack, Delivery, PublishRetry, Store
 from django_rmq_retry.consumer.handler import Handler
 from django_rmq_retry.core.backoff import Policy
 from django_rmq_retry.core.delays import DelayLevels
-from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS
+from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders
 from django_rmq_retry.core.errors import Reject, Retry
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.core.outcome import Park, ParkReason
@@ -204,7 +204,9 @@ def test_an_undecodable_body_parks_before_the_receiver_runs(receiver):
 def test_undecodable_headers_park_the_body_without_them_but_keep_their_bytes(receiver):
     rec, calls = receiver
     raw = b"\x00\x00\x00\x0a\x04bornT\xff\xff"
-    marked = {UNDECODABLE_HEADERS: "headers nested too deeply to decode", RAW_HEADERS: raw}
+    marked = UndecodableHeaders(
+        {UNDECODABLE_HEADERS: "headers nested too deeply to decode", RAW_HEADERS: raw}
+    )
     action = handler().handle(delivery(rec, headers=marked))
     assert isinstance(action, StorePark) and action.request.reason == "undecodable"
     assert action.request.reason_detail.startswith("headers nested too deeply to decode; ")

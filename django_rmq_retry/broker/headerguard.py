@@ -8,8 +8,8 @@ and came back at the head of the queue on every reconnect: a crash loop no recei
 could stop, with every message behind it stuck.
 
 The top-level table decode used for properties is wrapped. A table pika refuses — whatever
-it raises — becomes ``{UNDECODABLE_HEADERS: reason, RAW_HEADERS: the table's bytes}`` (its
-length prefix lets us skip it), and the consumer parks the message as undecodable with those
+it raises — becomes an ``UndecodableHeaders`` table ``{UNDECODABLE_HEADERS: reason,
+RAW_HEADERS: the table's bytes}`` (its length prefix lets us skip it), and the consumer parks the message as undecodable with those
 bytes kept. The reason names the value: ``header 'meta' > 'at': timestamp ... out of range``.
 So does a table pika decodes into a value it could never encode again (a huge double).
 """
@@ -23,7 +23,7 @@ from typing import Any
 import pika.data
 import pika.spec
 
-from ..core.envelope import UNDECODABLE_HEADERS
+from ..core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders
 from ..core.undecodable import RAW_HEADERS
 
 #: How deep the search for the culprit goes before it says "nested too deeply".
@@ -55,10 +55,14 @@ def install() -> None:
             return _undecodable(encoded, offset, end, exc), end
         if stop != end:  # an inner length ran past the table: what follows would be garbage
             reason = "headers cannot be decoded: their lengths disagree"
-            return {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}, end
+            return UndecodableHeaders(
+                {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
+            ), end
         if table and (oversized := _oversized(table)) is not None:
             reason = f"headers cannot be decoded: {oversized}"
-            return {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}, end
+            return UndecodableHeaders(
+                {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
+            ), end
         return table, stop
 
     guarded = types.ModuleType(pika.data.__name__)
@@ -90,7 +94,7 @@ def _oversized(table: dict[Any, Any]) -> str | None:
     return None
 
 
-def _undecodable(encoded: bytes, offset: int, end: int, exc: BaseException) -> dict[str, Any]:
+def _undecodable(encoded: bytes, offset: int, end: int, exc: BaseException) -> UndecodableHeaders:
     try:
         found = _culprit(encoded, offset + 4, end, False, ())
     except Exception:  # a table too broken to walk: say what pika said
@@ -103,7 +107,7 @@ def _undecodable(encoded: bytes, offset: int, end: int, exc: BaseException) -> d
         )
     else:
         what = f"headers cannot be decoded: {found}"
-    return {UNDECODABLE_HEADERS: what[:300], RAW_HEADERS: encoded[offset:end]}
+    return UndecodableHeaders({UNDECODABLE_HEADERS: what[:300], RAW_HEADERS: encoded[offset:end]})
 
 
 def _culprit(

@@ -64,6 +64,15 @@ BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 #: Stands in for a header table the AMQP client could not decode (see ``broker.headerguard``).
 UNDECODABLE_HEADERS = "django-rmq-retry-undecodable-headers"
 
+
+class UndecodableHeaders(dict[str, Any]):
+    """A header table the AMQP client could not decode: ``{UNDECODABLE_HEADERS: reason, ...}``.
+
+    Known by its type, not by the header name: only ``broker.headerguard`` makes one, so a
+    publisher that sends a header of that name cannot make its message look undecodable.
+    """
+
+
 #: The attempt number we accept from a header; anything above is treated as this.
 MAX_ATTEMPT = 1_000_000
 
@@ -139,7 +148,9 @@ def read_incoming(
                 f"ignored {', '.join(ignored)}: only our own retry copies carry them, and "
                 f"this message was published to {exchange!r}"
             )
-    undecodable = headers.get(UNDECODABLE_HEADERS) if UNDECODABLE_HEADERS in headers else None
+    undecodable = (
+        headers.get(UNDECODABLE_HEADERS) if isinstance(headers, UndecodableHeaders) else None
+    )
     requeued = _int(headers, h("requeued"))
     parked_id = _str(headers, h("parked-id"))
     return Envelope(

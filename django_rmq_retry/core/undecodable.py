@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .envelope import UNDECODABLE_HEADERS
+from .envelope import UndecodableHeaders
 
 #: The basic properties AMQP defines as short strings (UTF-8 text).
 TEXT_PROPERTIES = (
@@ -61,7 +61,7 @@ def without_headers(properties: Mapping[str, Any]) -> dict[str, Any]:
     """
     headers = properties.get("headers") or {}
     kept = {**properties, "headers": {}}
-    raw = headers.get(RAW_HEADERS) if UNDECODABLE_HEADERS in headers else None
+    raw = headers.get(RAW_HEADERS) if isinstance(headers, UndecodableHeaders) else None
     if isinstance(raw, bytes):
         kept[RAW_HEADERS] = raw
     return kept
