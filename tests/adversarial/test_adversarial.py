@@ -157,6 +157,9 @@ class Run:
             problems.append(f"... {len(tally.lost) - 10} more lost")
         problems += [f"RUNS {line}: {self.cases[_tok(line)].describe()}" for line in over[:10]]
         problems += unreadable[:10]
+        internal = out.count("internal error") + out.count("Traceback")
+        if internal:
+            problems.append(f"INTERNAL {internal} internal error / traceback line(s) in the log")
         if reconnects > self.allowed_reconnects:
             problems.append(
                 f"RECONNECTS {reconnects} > {self.allowed_reconnects} explained by events {self.events}"
