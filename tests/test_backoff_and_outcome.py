@@ -146,3 +146,17 @@ def test_a_message_is_handled_exactly_max_attempts_times(attempt, max_attempts):
             break
         a = d.next_attempt
     assert tries == max_attempts
+
+
+def test_the_give_back_budget_parks_at_the_limit_naming_the_last_cause():
+    from django_rmq_retry.core.budget import UNSEEN_CAUSE, copy_refused, over_budget
+
+    assert over_budget(4, 5, copy_refused("nacked by the broker")) is None
+    park = over_budget(5, 5, copy_refused("nacked by the broker"))
+    assert park is not None and park.reason is ParkReason.DELIVERY_LIMIT
+    assert park.detail == (
+        "given back 5 times without finishing (limit 5); "
+        "last: the broker refused its retry copy (nacked by the broker)"
+    )
+    unseen = over_budget(7, 5, None)
+    assert unseen is not None and unseen.detail.endswith(UNSEEN_CAUSE)
