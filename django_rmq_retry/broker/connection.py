@@ -165,10 +165,11 @@ class Connection:
         """``callback(blocked, reason)`` when the broker blocks (a memory or disk alarm) or
         unblocks this connection's publishes; it runs in the I/O loop."""
 
-        def blocked(frame: Any) -> None:
-            callback(True, str(getattr(frame.method, "reason", "") or ""))
+        # pika calls these with (connection, method_frame), whatever its annotations say.
+        def blocked(*args: Any) -> None:
+            callback(True, str(getattr(args[-1].method, "reason", "") or ""))
 
-        def unblocked(_frame: Any) -> None:
+        def unblocked(*_args: Any) -> None:
             callback(False, "")
 
         self.raw.add_on_connection_blocked_callback(blocked)
