@@ -514,3 +514,7 @@ def test_a_copy_returns_to_its_row_only_when_everything_agrees(
     assert ParkedMessage.objects.count() == (1 if returns else 2)
     row.refresh_from_db()
     assert row.status == ("parked" if returns else status)
+    # A copy that came back before its requeue was marked still counts as a requeue.
+    assert row.requeue_count == (claim if returns else count)
+    if returns:
+        assert row.claim_token == "" and row.claimed_at is None

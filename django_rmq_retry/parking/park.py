@@ -201,6 +201,10 @@ def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, b
     row.status_changed_at = p.now
     row.status_changed_by = ""
     row.claim_token = ""
+    row.claimed_at = None
+    # A copy that failed before its requeue marked the row (status still *requeuing*):
+    # the requeue happened, so it counts; the requeue's late mark no longer matches.
+    row.requeue_count = max(row.requeue_count, p.requeued)
     row.park_count = row.park_count + 1
     row.history = [*(row.history or []), p.event][-50:]
     row.save()
