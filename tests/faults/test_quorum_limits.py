@@ -169,3 +169,61 @@ def test_a_quorum_queue_declared_without_the_limit_says_how_to_migrate(rmq):
     assert repr(queue) in text
     assert "older django-rmq-retry" in text and "drops a message returned 20 times" in text
     assert "delete it" in text and "--setup-only" in text
+
+
+def test_a_process_killing_message_past_20_deaths_is_parked_and_spares_its_neighbours(rmq, procs):
+    """``DELIVERY_LIMIT = 25``: the poison kills 25 consumers before our count parks it.
+
+    On 4.0 without an explicit limit the broker dropped it (and every neighbour given back
+    with it each time) after 20 returns, so a ``DELIVERY_LIMIT`` above 20 was never reached.
+    """
+    limit = 25
+    conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum", "DELIVERY_LIMIT": limit}
+    with override_settings(RMQ_RETRY=conf):
+        reset_publisher()
+        try:
+            call_command("rmq_consume", setup_only=True, verbosity=0)
+            other.send({"id": "poison", "exit": 10**6})
+            for i in range(20):
+                other.send({"id": i})
+            deaths = 0
+            for _round in range(limit + 5):
+                proc = spawn(
+                    rmq,
+                    "gamma",
+                    "--threads",
+                    "1",
+                    RMQ_TEST_ALLOW_EXIT="1",
+                    RMQ_DELIVERY_LIMIT=str(limit),
+                    RMQ_QUEUE_TYPE="quorum",
+                )
+                procs.append(proc)
+                assert wait_for(
+                    lambda p=proc: p.poll() is not None or ParkedMessage.objects.exists(), 60
+                ), output(proc)[-3000:]
+                if proc.poll() is None:
+                    break
+                deaths += 1
+            tally = Tally({("gamma", i): "done" for i in range(20)})
+            tally.expected[("gamma", "poison")] = "parked"
+            settled = settle(rmq, tally, timeout=60)
+            out = stop(proc)
+            record(
+                f"quorum limit: poison with DELIVERY_LIMIT {limit} (quorum)",
+                published=21,
+                handled=tally.handled_ok,
+                parked=tally.parked_count,
+                duplicates=tally.duplicates,
+                lost=len(tally.lost),
+                notes=f"{deaths} process deaths",
+            )
+            assert settled, (tally.lost, depths(rmq), out[-2000:])
+            assert tally.wrong_outcome() == []
+            row = ParkedMessage.objects.get()
+            assert row.reason == "delivery_limit" and f"limit {limit}" in row.reason_detail
+            assert limit - 1 <= deaths <= limit, deaths  # our count, not the broker's 20
+        finally:
+            reset_publisher()
+            with contextlib.suppress(Exception):
+                rmq.ch().queue_delete(rmq.names.dead_queue)
+                rmq.ch().exchange_delete(rmq.names.dead_exchange)

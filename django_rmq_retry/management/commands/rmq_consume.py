@@ -20,6 +20,7 @@ from django_rmq_retry.conf import (
 )
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
@@ -217,6 +218,11 @@ class Command(BaseCommand):
             f"  {names.deliver_exchange} (headers on {names.target_header}) → receiver queue; "
             f"unroutable → {names.orphan_exchange} → {names.orphan_queue} (parked)"
         )
+        if app_settings.QUEUE_TYPE == "quorum":
+            out.write(
+                f"  quorum queues: given back over {QUORUM_DELIVERY_LIMIT} times → "
+                f"{names.dead_exchange} → {names.dead_queue} (parked as delivery_limit)"
+            )
 
     def _install_signal_handlers(self, consumer: Consumer) -> Any:
         received: list[int] = []
