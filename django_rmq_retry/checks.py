@@ -199,7 +199,7 @@ def _delivery_limit() -> Messages:
             f"queues are declared with x-delivery-limit {QUORUM_DELIVERY_LIMIT}, and the "
             "broker dead-letters a message at that count first.",
             f"Use a value well below {QUORUM_DELIVERY_LIMIT} (the default is "
-            f"{DEFAULTS['DELIVERY_LIMIT']}); it counts receiver starts that never finished.",
+            f"{DEFAULTS['DELIVERY_LIMIT']}); it counts receiver runs that were never settled.",
         )
     ]
 
