@@ -167,7 +167,7 @@ c_write_config() {
   printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$(c_port "$n")" | as_root tee "$d/rabbitmq.conf" >/dev/null
   # 3.10's at-least-once dead-letter worker waits 180 s for a confirm that a stopped node
   # will never send before it publishes again; 10 s keeps a node stop from stalling parking.
-  echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 10000}]}].' \
+  echo "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, ${RMQ_CLUSTER_DLX_CONFIRM_MS:-10000}}]}]." \
     | as_root tee "$d/advanced.config" >/dev/null
   echo '[].' | as_root tee "$d/enabled_plugins" >/dev/null
   as_root chown -R rabbitmq:rabbitmq "$C_DIR"

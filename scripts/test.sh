@@ -1,8 +1,36 @@
 #!/usr/bin/env bash
-# Run the whole test suite: lint, migrations check, then pytest on SQLite and on PostgreSQL,
-# against the real RabbitMQ. Starts what it needs; says what is missing otherwise.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k requeue).
+# Run the whole test suite: lint, migrations check, then the pytest legs:
+#   sqlite    every test but the fault injection, on SQLite, against the system RabbitMQ 3.10
+#   postgres  every test but the browser one, on PostgreSQL (fault injection included)
+#   rabbit4   the broker-facing suites against RabbitMQ 4.0 (scripts/brokers.sh rabbit4),
+#             with classic queues and again with quorum queues
+#   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
+# Starts what it needs; says what is missing otherwise. CI runs every leg; locally choose
+# some with LEGS (e.g. LEGS="sqlite postgres" scripts/test.sh). Extra arguments go to pytest
+# (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
+LEGS="${LEGS:-sqlite postgres rabbit4 cluster}"
+for leg in $LEGS; do
+  case "$leg" in sqlite|postgres|rabbit4|cluster) ;; *) die "unknown leg '$leg' in LEGS (sqlite postgres rabbit4 cluster)" ;; esac
+done
+[ -n "${CI:-}" ] && [ "$LEGS" != "sqlite postgres rabbit4 cluster" ] && die "CI runs every leg; unset LEGS"
+leg_on() { [[ " $LEGS " == *" $1 "* ]]; }
+
+# Per-leg wall times, printed at the end whether the run passed or not.
+TIMINGS=()
+print_timings() {
+  [ ${#TIMINGS[@]} -eq 0 ] || say "timings: $(IFS=,; echo "${TIMINGS[*]}" | sed 's/,/, /g')"
+}
+trap print_timings EXIT
+timed() {
+  local name="$1" t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  local s=$((SECONDS - t0))
+  TIMINGS+=("$name $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED)")")
+  return "$rc"
+}
+
 ensure_venv dev
 ensure_debs
 ensure_rabbitmq
@@ -20,17 +48,67 @@ DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check --fail-level WARNING
 say "mypy"
 "$VENV/bin/mypy" django_rmq_retry
 
-# Two runs keep the suite well under 15 minutes on 2 cores: every test but the fault
-# injection on SQLite (the browser test included), then every test but the browser one on
-# PostgreSQL (the fault-injection suite included: its database-down scenario needs it).
-say "pytest on SQLite"
-"$PY" -m pytest -m "not faults" "$@"
+PG_URL="${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+need_postgres() {
+  ensure_postgres && return 0
+  [ -n "${CI:-}" ] && die "PostgreSQL is not reachable on 127.0.0.1:5432 (CI needs it: apt-get install postgresql)"
+  return 1
+}
 
-if ensure_postgres; then
-  say "pytest on PostgreSQL (with the fault-injection suite)"
-  DATABASE_URL="${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}" "$PY" -m pytest -m "not browser" "$@"
-elif [ -n "${CI:-}" ]; then
-  die "PostgreSQL is not reachable on 127.0.0.1:5432 (CI needs it: apt-get install postgresql)"
-else
-  say "PostgreSQL not available: skipped the PostgreSQL run (install postgresql to run it)"
+# sqlite + postgres keep the ordinary suite well under 15 minutes on 2 cores: every test but
+# the fault injection on SQLite (the browser test included), then every test but the browser
+# one on PostgreSQL (the fault-injection suite included: its database-down scenario needs it).
+leg_sqlite() { "$PY" -m pytest -m "not faults and not cluster" "$@"; }
+leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not cluster" "$@"; }
+
+# RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
+# limits and connection faults behave, so the suites that exercise those run here.
+R4_CLASSIC=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
+  tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
+  tests/faults)
+R4_QUORUM=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
+  tests/test_happy_path.py tests/faults/test_consumer_killed.py)
+adversarial() { local f; for f in tests/test_adversary*.py tests/adversarial; do [ -e "$f" ] && echo "$f"; done; true; }
+leg_rabbit4() (
+  # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply
+  # inside a function called by `timed`: each step says its status.)
+  bash scripts/brokers.sh rabbit4 up || return
+  local env rc=0 extra
+  env="$(bash scripts/brokers.sh rabbit4 env)" || return
+  eval "$env"  # RMQ_URL and RMQ_CTL (rabbitmqctl of the 4.0 node in its root)
+  mapfile -t extra < <(adversarial)
+  say "pytest against RabbitMQ 4.0, classic queues (PostgreSQL)"
+  RMQ_URL="$RMQ_URL" RMQ_CTL="$RMQ_CTL" DATABASE_URL="$PG_URL" \
+    "$PY" -m pytest -m "not cluster" "${R4_CLASSIC[@]}" "${extra[@]}" "$@" || rc=$?
+  say "pytest against RabbitMQ 4.0, quorum queues (PostgreSQL)"
+  RMQ_URL="$RMQ_URL" RMQ_CTL="$RMQ_CTL" RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" \
+    "$PY" -m pytest -m "not cluster" "${R4_QUORUM[@]}" "${extra[@]}" "$@" || rc=$?
+  return "$rc"
+)
+
+# Three RabbitMQ 3.10 nodes of their own (the system node stays untouched), quorum queues.
+leg_cluster() {
+  bash scripts/brokers.sh cluster up || return
+  local rc=0
+  RMQ_URL="amqp://guest:guest@127.0.0.1:5701/%2F" RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" \
+    "$PY" -m pytest -m cluster tests/faults/test_cluster.py "$@" || rc=$?
+  bash scripts/brokers.sh cluster down
+  return "$rc"
+}
+
+# Every chosen leg runs even after one failed (one CI run shows all); the exit status says.
+FAILED=()
+if leg_on sqlite; then
+  say "pytest on SQLite"
+  timed sqlite leg_sqlite "$@" || FAILED+=(sqlite)
 fi
+for leg in postgres rabbit4 cluster; do
+  leg_on "$leg" || continue
+  if need_postgres; then
+    say "leg $leg (PostgreSQL)"
+    timed "$leg" "leg_$leg" "$@" || FAILED+=("$leg")
+  else
+    say "PostgreSQL not available: skipped the $leg leg (install postgresql to run it)"
+  fi
+done
+[ ${#FAILED[@]} -eq 0 ] || die "failed leg(s): ${FAILED[*]}"
