@@ -67,7 +67,8 @@ R4_CLASSIC=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
   tests/faults)
 R4_QUORUM=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
-  tests/test_happy_path.py tests/faults/test_consumer_killed.py)
+  tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
+  tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py)
 adversarial() { local f; for f in tests/test_adversary*.py tests/adversarial; do [ -e "$f" ] && echo "$f"; done; true; }
 leg_rabbit4() (
   # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply
