@@ -131,12 +131,14 @@ r4_status() {
   fi
 }
 
-# What a test run needs to talk to the 4.0 node: the URL and the rabbitmqctl command prefix.
+# What a test run needs to talk to the 4.0 node: the URL, the rabbitmqctl command prefix and
+# the node's log (tests that read what the broker logged).
 r4_env() {
   echo "export RMQ_URL='amqp://guest:guest@127.0.0.1:$R4_PORT/%2F'"
   local sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo "
   echo "export RMQ_CTL='${sudo}chroot $R4_ROOT env HOME=/var/lib/rabbitmq rabbitmqctl -n $R4_NODE'"
+  echo "export RMQ_LOG='$R4_ROOT/var/log/rabbitmq/$R4_NODE.log'"
 }
 
 
