@@ -64,7 +64,8 @@ leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
 # the 3.10 legs to keep CI under 40 minutes: the SIGKILL scenarios with classic queues (they
-# run here with quorum queues) and test_security (its TLS test runs a private 3.10 node).
+# run here with quorum queues), test_security (its TLS test runs a private 3.10 node), and
+# the adversarial suites with quorum queues (they run with classic ones).
 R4_CLASSIC=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py)
@@ -85,7 +86,7 @@ leg_rabbit4() (
     "$PY" -m pytest -m "not cluster" "${R4_CLASSIC[@]}" "${extra[@]}" "$@" || rc=$?
   say "pytest against RabbitMQ 4.0, quorum queues (PostgreSQL)"
   RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" \
-    "$PY" -m pytest -m "not cluster" "${R4_QUORUM[@]}" "${extra[@]}" "$@" || rc=$?
+    "$PY" -m pytest -m "not cluster" "${R4_QUORUM[@]}" "$@" || rc=$?
   return "$rc"
 )
 
