@@ -112,58 +112,18 @@ class Run:
         return self.tally.refresh(self.rmq.log).complete() and queues_empty(self.rmq)
 
     def check(self, child: Any, settled: bool) -> None:
+        """Stop the consumer, print the count table row, fail with every invariant broken."""
         alive = child.poll() is None
         out = stop(child)
         tally = self.tally.refresh(self.rmq.log)
-        over, most = tally.over_runs(DELIVERY_LIMIT)
-        unreadable = h.unreadable_rows(tally)
-        reconnects = h.reconnects(out)
+        self.report(tally, out)
+        problems = [] if alive else ["the consumer exited"]
+        if not settled:
+            problems.append(f"not settled within {SETTLE_SECONDS}s: {_depths(self.rmq)}")
+        problems += self.problems(tally, out)
         arrived_anyway = sorted(
             t for t in self.refused if any(k[1] == t for k in [*tally.done, *tally.parked])
         )
-        messages = len(self.cases) - len(self.refused)
-        row = {
-            "test": self.name,
-            "seed": self.seed,
-            "published": messages,
-            "handled": tally.handled,
-            "parked": tally.parked_count,
-            "dups": tally.duplicates,
-            "lost": len(tally.lost),
-            "refused": len(self.refused),
-            "runs max": most,
-            "reconnects/events": f"{reconnects}/{len(self.events)}",
-        }
-        h.record(row)
-        print(f"replay: ADV_SEED={self.seed} pytest tests/adversarial -k {self.name}")
-        print(f"events: {self.events}; allowed reconnects {self.allowed_reconnects}")
-        print(f"internal errors logged: {out.count('internal error')}")
-        for token, why in sorted(self.refused.items())[:15]:
-            print(f"  refused {token}: {why} [{', '.join(self.cases[token].kind)}]")
-        problems: list[str] = []
-        if not alive:
-            problems.append("the consumer exited")
-        if not settled:
-            problems.append(f"not settled within {SETTLE_SECONDS}s: {_depths(self.rmq)}")
-        for rec, token in tally.lost[:10]:
-            runs = [(e["attempt"], e["redelivered"]) for e in tally.starts.get((rec, token), [])]
-            said = [line[:300] for line in out.splitlines() if token in line][:5]
-            said += _rows_of(token)
-            problems.append(
-                f"LOST {rec}: {self.cases[token].describe()}\n    runs (attempt, redelivered): "
-                f"{runs}; consumer lines: {said}"
-            )
-        if len(tally.lost) > 10:
-            problems.append(f"... {len(tally.lost) - 10} more lost")
-        problems += [f"RUNS {line}: {self.cases[_tok(line)].describe()}" for line in over[:10]]
-        problems += unreadable[:10]
-        internal = out.count("internal error") + out.count("Traceback")
-        if internal:
-            problems.append(f"INTERNAL {internal} internal error / traceback line(s) in the log")
-        if reconnects > self.allowed_reconnects:
-            problems.append(
-                f"RECONNECTS {reconnects} > {self.allowed_reconnects} explained by events {self.events}"
-            )
         if arrived_anyway:
             self.notes.append(f"refused at publish yet arrived: {arrived_anyway[:5]}")
         for note in self.notes:
@@ -178,6 +138,54 @@ class Run:
                 pytrace=False,
             )
         self.check_duplicates(tally)
+
+    def report(self, tally: h.Tally, out: str) -> None:
+        _over, most = tally.over_runs(DELIVERY_LIMIT)
+        h.record(
+            {
+                "test": self.name,
+                "seed": self.seed,
+                "published": len(self.cases) - len(self.refused),
+                "handled": tally.handled,
+                "parked": tally.parked_count,
+                "dups": tally.duplicates,
+                "lost": len(tally.lost),
+                "refused": len(self.refused),
+                "runs max": most,
+                "reconnects/events": f"{h.reconnects(out)}/{len(self.events)}",
+            }
+        )
+        print(f"replay: ADV_SEED={self.seed} pytest tests/adversarial -k {self.name}")
+        print(f"events: {self.events}; allowed reconnects {self.allowed_reconnects}")
+        print(f"internal errors logged: {out.count('internal error')}")
+        for token, why in sorted(self.refused.items())[:15]:
+            print(f"  refused {token}: {why} [{', '.join(self.cases[token].kind)}]")
+
+    def problems(self, tally: h.Tally, out: str) -> list[str]:
+        """Lost pairs (with what the consumer said about them), runs over policy, reconnects."""
+        problems = []
+        for rec, token in tally.lost[:10]:
+            runs = [(e["attempt"], e["redelivered"]) for e in tally.starts.get((rec, token), [])]
+            said = [line[:300] for line in out.splitlines() if token in line][:5]
+            said += _rows_of(token)
+            problems.append(
+                f"LOST {rec}: {self.cases[token].describe()}\n    runs (attempt, redelivered): "
+                f"{runs}; consumer lines: {said}"
+            )
+        if len(tally.lost) > 10:
+            problems.append(f"... {len(tally.lost) - 10} more lost")
+        over, _most = tally.over_runs(DELIVERY_LIMIT)
+        problems += [f"RUNS {line}: {self.cases[_tok(line)].describe()}" for line in over[:10]]
+        problems += h.unreadable_rows(tally)[:10]
+        internal = out.count("internal error") + out.count("Traceback")
+        if internal:
+            problems.append(f"INTERNAL {internal} internal error / traceback line(s) in the log")
+        reconnects = h.reconnects(out)
+        if reconnects > self.allowed_reconnects:
+            problems.append(
+                f"RECONNECTS {reconnects} > {self.allowed_reconnects} explained by events {self.events}"
+            )
+        return problems
 
     def check_duplicates(self, tally: h.Tally) -> None:
         """Without broker events at-least-once has no reason to run anything twice."""
@@ -292,8 +300,11 @@ class Events:
             call_command("rmq_consume", setup_only=True, verbosity=0)
 
     def alarm(self) -> None:
-        """A memory alarm for 3 s while publishing goes on (the publisher blocks)."""
-        self.run.allowed_reconnects += 1
+        """A memory alarm for 3 s while publishing goes on (the publisher blocks).
+
+        It explains no reconnect: the consumer's own connection only acks (retry copies and
+        parks must not stall them), so a blocked connection is no reason to drop it.
+        """
 
         def hold() -> None:
             with h.memory_alarm(3):
