@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 
 from django_rmq_retry.models import DeliveryStart, ParkedMessage
-from tests.conftest import read_log, wait_for
+from tests.conftest import rabbitmqctl_cmd, read_log, wait_for
 from tests.faults.conftest import Tally, record, settle, spawn, stop
 from tests.testapp.events import other
 
@@ -31,7 +31,7 @@ LIMIT = 5  # tests/settings.py: DELIVERY_LIMIT
 
 def rabbitmqctl(*args: str) -> str:
     return subprocess.run(
-        ["rabbitmqctl", "-q", *args], check=True, capture_output=True, text=True, timeout=60
+        rabbitmqctl_cmd("-q", *args), check=True, capture_output=True, text=True, timeout=60
     ).stdout
 
 
