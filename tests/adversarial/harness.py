@@ -259,17 +259,33 @@ def memory_alarm(seconds: float) -> Any:
         rabbitmqctl("set_vm_memory_high_watermark", "0.4")
 
 
-def get_consumer_timeout() -> str:
-    out = rabbitmqctl("eval", "application:get_env(rabbit, consumer_timeout).")
+def get_env(key: str) -> str:
+    """A rabbit application setting (an integer, or "undefined")."""
+    out = rabbitmqctl("eval", f"application:get_env(rabbit, {key}).")
     found = re.search(r"\{ok,\s*(\d+)\}", out)
     return found.group(1) if found else "undefined"
 
 
-def set_consumer_timeout(value: str) -> None:
+#: What to restore a setting to when it was not set (unsetting channel_tick_interval while
+#: channels tick crashes them on 3.10: 541 INTERNAL_ERROR).
+DEFAULTS = {"channel_tick_interval": "60000"}
+
+
+def set_env(key: str, value: str) -> None:
+    """Set a rabbit application setting (new channels read it); "undefined" unsets it."""
+    value = DEFAULTS.get(key, value) if value == "undefined" else value
     if value == "undefined":
-        rabbitmqctl("eval", "application:unset_env(rabbit, consumer_timeout).")
+        rabbitmqctl("eval", f"application:unset_env(rabbit, {key}).")
     else:
-        rabbitmqctl("eval", f"application:set_env(rabbit, consumer_timeout, {int(value)}).")
+        rabbitmqctl("eval", f"application:set_env(rabbit, {key}, {int(value)}).")
+
+
+def get_consumer_timeout() -> str:
+    return get_env("consumer_timeout")
+
+
+def set_consumer_timeout(value: str) -> None:
+    set_env("consumer_timeout", value)
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> bool:

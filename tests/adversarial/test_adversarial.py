@@ -313,23 +313,38 @@ class Events:
         self.background = h.Background(hold)
 
     def timeout(self) -> None:
-        """A 1 s consumer_timeout on a fresh channel, then a receiver that sleeps 3 s."""
-        old = h.get_consumer_timeout()
+        """A 1 s consumer_timeout on the consumer's channel, then a receiver that sleeps 3 s.
+
+        RabbitMQ 3.10 reads consumer_timeout when a channel opens and checks it on the
+        channel's tick (``channel_tick_interval``, 60 s, re-read at every tick). So: short
+        timeout and a 0.5 s tick, kill the consumer's connection so its new channel reads
+        them, put the timeout back at once (the channel that follows the close must not
+        time out again), keep the short tick until the broker has closed the channel.
+        """
+        old_timeout = h.get_env("consumer_timeout")
+        old_tick = h.get_env("channel_tick_interval")
         before = set(h.consumer_connections(self.child.pid))
+        self.run.allowed_reconnects += 2  # the kill, and the channel the broker closes
         try:
-            h.set_consumer_timeout("1000")
-            h.kill_connections(self.child.pid)  # the new channel reads the short timeout
-            self._reconnected(before)
+            try:
+                h.set_env("consumer_timeout", "1000")
+                h.set_env("channel_tick_interval", "500")
+                h.kill_connections(self.child.pid)
+                self._reconnected(before)
+            finally:
+                h.set_env("consumer_timeout", old_timeout)
+            current = set(h.consumer_connections(self.child.pid))
+            self.extra += 1
+            token = f"AV{self.run.seed}N{900000 + self.extra}Z"
+            body = json.dumps({"id": token, "sleep": 3}).encode()
+            props = {"content_type": "application/json", "message_id": token, "delivery_mode": 2}
+            self.run.publish(
+                Case(900000 + self.extra, token, "g", "raw", body, props, None, ["sleeper"])
+            )
+            if not self._reconnected(current):
+                self.run.notes.append("timeout: the broker closed no channel within 30 s")
         finally:
-            h.set_consumer_timeout(old)
-        self.run.allowed_reconnects += 2
-        self.extra += 1
-        token = f"AV{self.run.seed}N{900000 + self.extra}Z"
-        body = json.dumps({"id": token, "sleep": 3}).encode()
-        props = {"content_type": "application/json", "message_id": token, "delivery_mode": 2}
-        self.run.publish(
-            Case(900000 + self.extra, token, "g", "raw", body, props, None, ["sleeper"])
-        )
+            h.set_env("channel_tick_interval", old_tick)
 
 
 def _unacked(queue: str) -> int:
@@ -355,6 +370,7 @@ def test_adversarial_broker_events(adv: Any) -> None:
     step = len(cases) // (len(names) + 1)
     at = {step * (i + 1) + rng.randint(-step // 3, step // 3): n for i, n in enumerate(names)}
     original_timeout = h.get_consumer_timeout()
+    original_tick = h.get_env("channel_tick_interval")
     child = _consumer(adv)
     events = Events(run, child, rng)
     try:
@@ -369,4 +385,5 @@ def test_adversarial_broker_events(adv: Any) -> None:
         run.publishers.close()
         h.rabbitmqctl("set_vm_memory_high_watermark", "0.4", check=False)
         h.set_consumer_timeout(original_timeout)
+        h.set_env("channel_tick_interval", original_tick)
     run.check(child, settled)
