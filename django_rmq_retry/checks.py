@@ -76,16 +76,27 @@ def _known_keys(user: Mapping[str, Any]) -> Messages:
 
 
 def _broker_url() -> Messages:
-    url = app_settings.BROKER_URL
-    scheme = urlsplit(url).scheme if isinstance(url, str) else ""
-    if scheme in ("amqp", "amqps"):
-        return []
+    """BROKER_URL and every BROKER_URLS entry: a typo in a cluster's third node only shows up
+    the day the first two are down, so it is refused at start. Never echoes a URL (passwords)."""
+    urls = app_settings.BROKER_URLS
+    if isinstance(urls, str) or not isinstance(urls, list | tuple):
+        return [
+            _err(
+                3,
+                f"{SETTING_NAME}['BROKER_URLS'] must be a list of URLs.",
+                'e.g. ["amqp://u:p@node1:5672/%2F", "amqp://u:p@node2:5672/%2F"].',
+            )
+        ]
+    named = [("BROKER_URL", app_settings.BROKER_URL)]
+    named += [(f"BROKER_URLS[{i}]", url) for i, url in enumerate(urls)]
     return [
         _err(
             3,
-            f"{SETTING_NAME}['BROKER_URL'] must start with amqp:// or amqps://.",
+            f"{SETTING_NAME}['{name}'] must start with amqp:// or amqps://.",
             "e.g. amqp://user:password@host:5672/%2F (the vhost '/' is %2F).",
         )
+        for name, url in named
+        if (urlsplit(url).scheme if isinstance(url, str) else "") not in ("amqp", "amqps")
     ]
 
 

@@ -59,6 +59,8 @@ def test_default_settings_pass_the_checks():
     ("conf", "check_id"),
     [
         ({"BROKER_URL": "http://localhost"}, "django_rmq_retry.E003"),
+        ({"BROKER_URLS": ["amqp://a/%2F", "amqp//b:5672/%2F"]}, "django_rmq_retry.E003"),
+        ({"BROKER_URLS": "amqp://a/%2F"}, "django_rmq_retry.E003"),
         ({"HEARTBEAT": 0}, "django_rmq_retry.E004"),
         ({"PREFETCH": 0}, "django_rmq_retry.E005"),
         ({"BROKR_URL": "amqp://x"}, "django_rmq_retry.E002"),
@@ -243,3 +245,13 @@ def test_every_park_reason_has_an_operator_label():
     choices = dict(ParkedMessage._meta.get_field("reason").choices)
     assert set(choices) == {r.value for r in ParkReason}
     assert all(str(label) and str(label) != value for value, label in choices.items())
+
+
+def test_a_bad_cluster_url_is_named_by_position_without_its_password():
+    urls = ["amqp://u:secret@node1:5672/%2F", "amqps://u:secret@node2:5671/%2F", "node3:5672"]
+    with override_settings(RMQ_RETRY={"BROKER_URLS": urls}):
+        messages = [m for m in check_settings() if m.id == "django_rmq_retry.E003"]
+    assert [m.msg for m in messages] == [
+        "RMQ_RETRY['BROKER_URLS[2]'] must start with amqp:// or amqps://."
+    ]
+    assert "secret" not in messages[0].msg + messages[0].hint
