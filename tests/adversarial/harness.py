@@ -288,15 +288,6 @@ def set_consumer_timeout(value: str) -> None:
     set_env("consumer_timeout", value)
 
 
-def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
 def reconnects(output: str) -> int:
     """Reconnect log lines of the consumer (each is one abandoned connection)."""
     return len(re.findall(r"reconnecting in|; retrying in", output))

@@ -27,7 +27,7 @@ from django.core.management import call_command
 from tests.adversarial import harness as h
 from tests.adversarial.advapp.receivers import register
 from tests.adversarial.gen import Case, generate
-from tests.conftest import start_consumer
+from tests.conftest import start_consumer, wait_for
 from tests.faults.conftest import queues_empty, stop
 
 pytestmark = [
@@ -72,7 +72,7 @@ def _consumer(rmq: Any) -> Any:
         DJANGO_SETTINGS_MODULE="tests.adversarial.settings",
         RMQ_DELIVERY_LIMIT=str(DELIVERY_LIMIT),
     )
-    assert h.wait_for(lambda: "consuming" in child.output() or child.poll() is not None, 60), (
+    assert wait_for(lambda: "consuming" in child.output() or child.poll() is not None, 60, 0.2), (
         child.output()[-3000:]
     )
     assert child.poll() is None, child.output()[-3000:]
@@ -267,10 +267,10 @@ class Events:
             self.background = None
 
     def _reconnected(self, before: set[str]) -> bool:
-        return h.wait_for(lambda: bool(set(h.consumer_connections(self.child.pid)) - before), 30)
+        return wait_for(lambda: bool(set(h.consumer_connections(self.child.pid)) - before), 30, 0.2)
 
     def kill(self) -> None:
-        if not h.wait_for(lambda: h.consumer_connections(self.child.pid), 15):
+        if not wait_for(lambda: h.consumer_connections(self.child.pid), 15, 0.2):
             self.run.notes.append("kill: the consumer had no connection for 15 s (nothing killed)")
             return
         before = set(h.consumer_connections(self.child.pid))
@@ -282,7 +282,7 @@ class Events:
     def delete(self, which: str) -> None:
         """Delete a receiver queue at a quiet moment (so the delete itself drops nothing)."""
         queue = self.rmq.queue(which)
-        quiet = h.wait_for(lambda: queues_empty(self.rmq) and _unacked(queue) == 0, 30)
+        quiet = wait_for(lambda: queues_empty(self.rmq) and _unacked(queue) == 0, 30, 0.2)
         dropped = self.rmq.ch().queue_delete(queue).method.message_count
         self.run.allowed_reconnects += 1
         if not quiet or dropped:
@@ -295,7 +295,7 @@ class Events:
             except Exception:
                 return False
 
-        if not h.wait_for(exists, 15, 0.5):
+        if not wait_for(exists, 15, 0.5):
             self.run.notes.append(f"delete {which}: the consumer did not re-declare its queue")
             call_command("rmq_consume", setup_only=True, verbosity=0)
 
