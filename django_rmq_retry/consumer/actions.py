@@ -41,6 +41,10 @@ class Ack:
     start_key: str | None = None  # the delivery-limit row to delete once the ack is sent
 
 
+#: A receiver returned and no delivery-limit row waits: one shared (immutable) action.
+HANDLED = Ack()
+
+
 @dataclass(frozen=True)
 class Release:
     """Give the delivery back to the queue (shutdown while it could not be parked).

@@ -39,7 +39,7 @@ from ..core.undecodable import without_headers
 from ..parking import ParkRequest
 from ..policies import policy_cache
 from ..registry import Receiver
-from .actions import Ack, Action, Delivery, PublishRetry, StorePark
+from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
 from .delivery_limit import DeliveryLimit
 
 logger = logging.getLogger("django_rmq_retry.consumer")
@@ -113,7 +113,7 @@ class Handler:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         if error is not None:
             return replace(self._after_failure(d, rec, env, message, error), start_key=start_key)
-        return Ack(start_key=start_key)
+        return Ack(start_key=start_key) if start_key is not None else HANDLED
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
         """A message the broker gave up on (quorum delivery limit): park it where it was."""

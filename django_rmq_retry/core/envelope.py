@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any
 
 from .failure import Failure
@@ -113,7 +114,7 @@ def came_through_us(exchange: str, names: Names) -> bool:
     """
     if exchange in (names.deliver_exchange, names.orphan_exchange):
         return True
-    prefix = names.delay_exchange(0)[:-2]
+    prefix = names.delay_exchange_prefix
     tail = exchange[len(prefix) :]
     return exchange.startswith(prefix) and len(tail) == 2 and tail.isdigit() and tail.isascii()
 
@@ -128,7 +129,8 @@ def read_incoming(
     delivery came through our own route (:func:`came_through_us`). A message published
     straight to the work exchange is always attempt 1 at its own routing key.
     """
-    headers = headers or {}
+    if not headers:  # most deliveries: a first attempt, published by us or without headers
+        return _headerless(exchange, routing_key, names)
     h = names.header
     via_us = came_through_us(exchange, names)
     warning = None
@@ -164,6 +166,24 @@ def read_incoming(
         undecodable=None if undecodable is None else str(undecodable),
         warning=warning,
         via_us=via_us,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _headerless(exchange: str, routing_key: str, names: Names) -> Envelope:
+    """The envelope of a delivery without headers: it depends on its route only, so each
+    route's is built once (envelopes are immutable; the happy path reads one per message)."""
+    return Envelope(
+        attempt=1,
+        exchange=exchange,
+        routing_key=routing_key,
+        requeued=0,
+        first_failure=None,
+        parked_id=None,
+        target=None,
+        undecodable=None,
+        warning=None,
+        via_us=came_through_us(exchange, names),
     )
 
 

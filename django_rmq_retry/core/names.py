@@ -7,6 +7,7 @@ only knob and two projects sharing a vhost never collide.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -14,22 +15,22 @@ class Names:
     prefix: str
 
     # Exchanges -------------------------------------------------------------------------
-    @property
+    @cached_property
     def work_exchange(self) -> str:
         """Topic exchange that ``Topic.send`` publishes to."""
         return f"{self.prefix}.work"
 
-    @property
+    @cached_property
     def deliver_exchange(self) -> str:
         """Headers exchange that addresses exactly one receiver queue (retries, requeues)."""
         return f"{self.prefix}.deliver"
 
-    @property
+    @cached_property
     def orphan_exchange(self) -> str:
         """Fanout alternate exchange of :attr:`deliver_exchange`: catches unroutable copies."""
         return f"{self.prefix}.orphans"
 
-    @property
+    @cached_property
     def dead_exchange(self) -> str:
         """Fanout dead-letter exchange of quorum queues: what the broker gives up on."""
         return f"{self.prefix}.dead"
@@ -38,12 +39,12 @@ class Names:
         return f"{self.prefix}.delay.{level:02d}"
 
     # Queues -----------------------------------------------------------------------------
-    @property
+    @cached_property
     def orphan_queue(self) -> str:
         """Retries whose receiver queue vanished while they waited; the consumer parks them."""
         return f"{self.prefix}.orphans"
 
-    @property
+    @cached_property
     def dead_queue(self) -> str:
         """Messages a quorum queue dead-lettered (its delivery limit); the consumer parks them."""
         return f"{self.prefix}.dead"
@@ -56,8 +57,21 @@ class Names:
 
     # Headers (no ``x-``: RabbitMQ 4.x treats client ``x-`` headers specially) ----------
     def header(self, name: str) -> str:
-        return f"{self.prefix}-{name}"
+        try:
+            return self._headers[name]
+        except KeyError:
+            return self._headers.setdefault(name, f"{self.prefix}-{name}")
 
-    @property
+    @cached_property
+    def _headers(self) -> dict[str, str]:
+        """Header names already built (every delivery reads several of them)."""
+        return {}
+
+    @cached_property
+    def delay_exchange_prefix(self) -> str:
+        """What every delay level's exchange name starts with (``<prefix>.delay.``)."""
+        return f"{self.prefix}.delay."
+
+    @cached_property
     def target_header(self) -> str:
         return self.header("target")
