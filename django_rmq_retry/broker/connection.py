@@ -115,7 +115,13 @@ def to_pika(properties: Mapping[str, Any]) -> pika.BasicProperties:
     return pika.BasicProperties(**{k: properties.get(k) for k in PROPERTY_NAMES})
 
 
+_PROPERTY_SET = frozenset(PROPERTY_NAMES)
+
+
 def from_pika(properties: pika.BasicProperties) -> dict[str, Any]:
+    values = vars(properties)
+    if values.keys() == _PROPERTY_SET:  # pika sets every one (None when absent): one copy
+        return dict(values)
     return {k: getattr(properties, k, None) for k in PROPERTY_NAMES}
 
 
