@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -24,7 +25,7 @@ from django_rmq_retry.models import ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
 from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL, _broker_reachable, rabbitmqctl_cmd, wait_for
-from tests.faults.conftest import Tally, depths, record, settle, spawn, stop
+from tests.faults.conftest import Tally, depths, queues_empty, record, settle, spawn, stop
 from tests.testapp.events import other, work
 
 pytestmark = [
@@ -68,6 +69,7 @@ def test_broker_restart_mid_run(rmq, procs):
     levels and in queues survive the restart (durable topology, persistent messages)."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     expected: dict = {}
+    hops: set = set()  # pairs whose message passes through delay levels (dead-letter hops)
 
     def body_for(i: int) -> tuple[object, dict]:
         body: dict = {"id": i}
@@ -78,6 +80,8 @@ def test_broker_restart_mid_run(rmq, procs):
         topic = other if i % 2 else work
         for name in ("gamma",) if topic is other else ("alpha", "beta"):
             expected[(name, i)] = "parked" if body.get("fail") == "always" else "done"
+            if "fail" in body:
+                hops.add((name, i))
         return topic, body
 
     proc = spawn(rmq, "--threads", "2", PYTHONFAULTHANDLER="1")
@@ -119,6 +123,15 @@ def test_broker_restart_mid_run(rmq, procs):
     assert not errors, errors
     tally = Tally(expected)
     settled = settle(rmq, tally, timeout=60)
+    classic = settings.RMQ_RETRY.get("QUEUE_TYPE", "classic") == "classic"
+    in_hop = []  # lost where RabbitMQ promises at-most-once (classic dead-letter hop)
+    if (
+        not settled
+        and classic
+        and set(tally.lost) <= hops
+        and wait_for(lambda: queues_empty(rmq), 10)
+    ):
+        in_hop = list(tally.lost)
     alive = proc.poll() is None
     if not settled and alive:
         import signal  # debug: dump every thread's stack (faulthandler) before stopping
@@ -135,12 +148,17 @@ def test_broker_restart_mid_run(rmq, procs):
         duplicates=tally.duplicates,
         lost=len(tally.lost),
         notes=f"{len(expected)} (receiver, id) pairs, {waiting} in delay levels at stop, {refused} publishes refused while down "
-        f"(caller told), consumer reconnects {out.count('reconnecting in')}",
+        f"(caller told), consumer reconnects {out.count('reconnecting in')}"
+        + (f", lost in a classic dead-letter hop: {in_hop}" if in_hop else ""),
     )
     assert alive, "the consumer exited instead of reconnecting:\n" + out[-3000:]
-    assert settled, f"{tally.lost[:20]}\n{depths(rmq)}\n{out[-2000:]}"
-    assert tally.lost == []
-    assert tally.wrong_outcome() == []
+    # Classic queues dead-letter at-most-once inside RabbitMQ (README "What is not promised"):
+    # a retry copy the broker confirmed can vanish in the delay-level hop that falls due as
+    # it stops (seen on 4.0.5 and on 3.10, 1 of 750 pairs). Tolerated there only, at most two
+    # and only among pairs that took a hop with nothing left in any queue; never with quorum.
+    assert settled or 0 < len(in_hop) <= 2, f"{tally.lost[:20]}\n{depths(rmq)}\n{out[-2000:]}"
+    assert [k for k in tally.lost if k not in in_hop] == []
+    assert [w for w in tally.wrong_outcome() if "got nothing" not in w] == []
     assert "connection to RabbitMQ lost" in out or "cannot reach RabbitMQ" in out, out[-3000:]
     assert refused > 0  # the publisher really published into the outage
 
