@@ -177,3 +177,40 @@ def test_list_shows_receivers_queues_and_the_retry_topology(rmq, capsys):
 def test_unknown_receiver_is_a_clear_error(rmq):
     with pytest.raises(CommandError, match="Unknown receiver 'nope'"):
         call_command("rmq_consume", "nope")
+
+
+def test_pump_with_wakes_for_input_on_either_connection(rmq):
+    """The consumer waits on its own connection and its retry copies' at once: a confirm on
+    the copies' connection, or a worker's hand-back on the consumer's, ends the wait (the
+    loop once waited out its time limit on one while the other had news)."""
+    from django_rmq_retry import broker
+
+    queue = f"{rmq.prefix}.pump"
+    rmq.ch().queue_declare(queue, auto_delete=False)
+    consumer, copies = broker.connect(), broker.connect()
+    try:
+        confirmed: list[bool] = []
+        channel = broker.ConfirmChannel(copies)
+
+        def on_settled(acked: bool, _returned: bool) -> None:  # as the consumer settles one
+            consumer.call_later(0, lambda: confirmed.append(acked))
+
+        channel.publish("", queue, b"x", {"delivery_mode": 2}, on_settled)
+        t0 = time.monotonic()
+        while not confirmed and time.monotonic() - t0 < 20:
+            consumer.pump_with(copies, 10.0)
+        assert confirmed == [True]
+        assert time.monotonic() - t0 < 5  # not the 10 s limit: the confirm ended the wait
+
+        handed_back: list[float] = []
+        threading.Timer(
+            0.2, consumer.call_threadsafe, [lambda: handed_back.append(time.monotonic())]
+        ).start()
+        t0 = time.monotonic()
+        while not handed_back and time.monotonic() - t0 < 20:
+            consumer.pump_with(copies, 10.0)
+        assert handed_back and handed_back[0] - t0 < 5
+    finally:
+        consumer.close()
+        copies.close()
+        rmq.ch().queue_delete(queue)

@@ -8,7 +8,9 @@ outside this package ever sees a pika object.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as pex
+from pika.adapters.select_connection import PollEvents
 
 from ..conf import app_settings, broker_urls
 from ..core.envelope import PROPERTY_NAMES
@@ -160,6 +163,31 @@ class Connection:
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
+    def pump_with(self, other: Connection, seconds: float) -> None:
+        """Run both connections' I/O loops, waiting up to ``seconds`` for input on either.
+
+        pika waits on one connection at a time; two connections owned by one thread (the
+        consumer's and its retry copies') would otherwise make the events of one wait for
+        the other's time limit. Both are pumped (output flushed, input read, callbacks and
+        due timers run); then, unless either has a callback or timer due sooner, we wait on
+        both sockets and both thread-safe wake-ups at once, and pump both again. Where
+        pika's poller is not what we know, it falls back to a short pump of each.
+        """
+        self.pump(0)
+        other.pump(0)
+        mine, theirs = _idle_state(self), _idle_state(other)
+        if mine is None or theirs is None:
+            self.pump(min(seconds, 0.001))
+        else:
+            due = [d for d in (mine[1], theirs[1]) if d is not None]
+            wait = min([seconds, *due])
+            if wait > 0:
+                # A socket closed under us raises here: the pumps that follow say so.
+                with contextlib.suppress(OSError, ValueError):
+                    select.select(mine[0] + theirs[0], [], [], wait)
+        other.pump(0)
+        self.pump(0)
+
     def call_threadsafe(self, callback: Callable[[], None]) -> None:
         """From any thread: run ``callback`` on the connection's thread, in its I/O loop."""
         try:
@@ -193,6 +221,18 @@ class Connection:
                 self.raw.close()
         except Exception:  # already dead: nothing to clean
             logger.debug("closing a broken connection failed", exc_info=True)
+
+
+def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None:
+    """What pika's I/O loop would wait on: the file descriptors it reads (its socket, its
+    thread-safe wake-up) and the seconds to its next callback or timer (None: none); None
+    if this pika keeps them elsewhere."""
+    try:
+        ioloop = connection.raw._impl.ioloop  # type: ignore[attr-defined]
+        fds = list(ioloop._poller._fd_events[PollEvents.READ])
+        return fds, ioloop._get_remaining_interval()
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 class Channel:

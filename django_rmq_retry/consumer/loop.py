@@ -246,14 +246,21 @@ class Consumer:
 
     def _pump(self, seconds: float) -> None:
         assert self._connection is not None and self._copies_connection is not None
-        self._connection.pump(seconds)
-        # The copies' connection is pumped only when a copy awaits its confirm, and for its
-        # heartbeats at most once a second: a pump per consumer pump cost the happy path
-        # a poll and pika's event dispatch per delivery batch (~30 µs per message).
-        now = time.monotonic()
-        if (self._copies is not None and self._copies.pending) or now >= self._copies_due:
-            self._copies_due = now + 1.0
-            self._copies_connection.pump(0)  # confirms and returns of retry copies
+        if self._copies is not None and self._copies.pending:
+            # A copy awaits its confirm, which arrives on the other connection: wait on
+            # both (waiting on this one alone held every confirm up to ``seconds``: a
+            # retry stream ran at one prefetch window per 50 ms).
+            self._connection.pump_with(self._copies_connection, seconds)
+            self._copies_due = time.monotonic() + 1.0
+        else:
+            self._connection.pump(seconds)
+            # Without a copy in flight the copies' connection is pumped for its heartbeats
+            # only, once a second: a pump per consumer pump cost the happy path a poll and
+            # pika's event dispatch per delivery batch (~30 µs per message).
+            now = time.monotonic()
+            if now >= self._copies_due:
+                self._copies_due = now + 1.0
+                self._copies_connection.pump(0)
         if not self._done.empty():
             # Safety net: a wake-up handed to a connection that died before running it
             # must never leave finished deliveries unsettled (and the prefetch window full).
