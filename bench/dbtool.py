@@ -4,6 +4,7 @@
     python -m bench.dbtool requeue TAG       # parking.requeue() of those rows: JSON result
     python -m bench.dbtool rawrequeue TAG    # the raw twin: SQL + pika with confirms
     python -m bench.dbtool count TABLE       # rows in a table
+    python -m bench.dbtool outbox N          # the outbox relay vs send_many: JSON result
 
 The environment (``bench.common.Run.env``) says which database and prefix. ``requeue``
 prints the process's peak RSS before and after, so the memory figure is that of a real
@@ -178,6 +179,53 @@ def rawrequeue(tag: str) -> None:
     )
 
 
+def outbox(n: int) -> None:
+    """N rows committed through the outbox (timed: the sender's transaction), then the relay
+    publishing all of them (timed), then ``send_many`` of N bodies (the twin), in one process
+    on one connection. The relay's figure includes its SELECT, DELETE and commit per batch."""
+    from django.db import connection, transaction
+    from django.test import override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.benchapp.consumers import requeue_topic
+    from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.models import OutboxMessage
+    from django_rmq_retry.outbox import publish_all
+
+    bodies = [{"i": i, "op": "bench"} for i in range(n)]
+    requeue_topic.send_many(bodies[:10])  # connect and declare before timing
+    conf = {**app_settings.user_settings(), "OUTBOX_PUBLISH_ON_COMMIT": False}
+    with override_settings(RMQ_RETRY=conf):
+        OutboxMessage.objects.all().delete()
+        with transaction.atomic():
+            OutboxMessage.objects.exists()  # the transaction's own work
+            with CaptureQueriesContext(connection) as one:
+                requeue_topic.send(bodies[0], outbox=True)
+        t0 = time.perf_counter()
+        with transaction.atomic():
+            requeue_topic.send_many(bodies[1:], outbox=True)
+        write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        publish_all()
+        relay_s = time.perf_counter() - t0
+    left = OutboxMessage.objects.count()
+    t0 = time.perf_counter()
+    requeue_topic.send_many(bodies)
+    send_many_s = time.perf_counter() - t0
+    statements = [q["sql"].split()[0] for q in one.captured_queries]
+    print(
+        json.dumps(
+            {
+                "relay_seconds": relay_s,
+                "send_many_seconds": send_many_s,
+                "write_seconds": write_s,
+                "left": left,
+                "one_send_statements": statements,
+            }
+        )
+    )
+
+
 def count(table: str) -> None:
     from django.db import connection
 
@@ -197,6 +245,8 @@ def main(argv: list[str]) -> None:
         rawrequeue(args[0])
     elif cmd == "count":
         count(args[0])
+    elif cmd == "outbox":
+        outbox(int(args[0]))
     else:
         raise SystemExit(f"unknown command {cmd!r}")
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, Run, machine, setup_django, table
 
-ORDER = ["happy", "publishing", "retry", "delay", "parking", "requeue", "growth"]
+ORDER = ["happy", "publishing", "retry", "delay", "parking", "requeue", "outbox", "growth"]
 
 
 def main(argv: list[str] | None = None) -> int:

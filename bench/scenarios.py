@@ -547,6 +547,41 @@ def requeue(run: Run) -> list[Row]:
     return rows
 
 
+def outbox(run: Run) -> list[Row]:
+    """The outbox relay against ``send_many`` of the same messages, on PostgreSQL."""
+    n = 20_000 if run.quick else 100_000
+    target_q = queue_name("bench_requeue")
+    purge(target_q)
+    res = _dbtool(run, "postgres", "outbox", str(n))
+    wait_depth(target_q, 2 * n + 10)  # the relay's n, send_many's n, the warm-up's 10
+    purge(target_q)
+    if res["left"]:
+        raise RuntimeError(f"the relay left {res['left']} outbox rows")
+    relay, twin = n / res["relay_seconds"], n / res["send_many_seconds"]
+    statements = res["one_send_statements"]
+    inserts = [s for s in statements if s.upper() == "INSERT"]
+    return [
+        Row(
+            f"outbox relay, PostgreSQL ({n:,} committed rows → broker, rows deleted)",
+            relay,
+            twin,
+            "msg/s",
+            "≥ 1.0× send_many",
+            relay >= twin,
+            note="the raw column is Topic.send_many of the same bodies, same process",
+        ),
+        Row(
+            "outbox: statements a transaction with one send adds",
+            len(statements),
+            None,
+            "",
+            "1 INSERT",
+            statements == inserts and len(inserts) == 1,
+            note=" ".join(statements),
+        ),
+    ]
+
+
 # 6. Cost growth --------------------------------------------------------------------------
 def growth(run: Run) -> list[Row]:
     sizes = (2_000, 20_000) if run.quick else (2_000, 20_000, 200_000)
@@ -606,4 +641,5 @@ SCENARIOS = {
     "parking": parking,
     "requeue": requeue,
     "growth": growth,
+    "outbox": outbox,
 }

@@ -635,3 +635,6 @@ class RetryPolicyAdmin(admin.ModelAdmin):
     @admin.display(description=_("registered"), boolean=True)
     def registered(self, obj: RetryPolicy) -> bool:
         return default_registry.get(obj.receiver) is not None
+
+
+from . import admin_outbox  # noqa: E402, F401  (the outbox's admin registers itself)

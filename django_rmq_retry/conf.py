@@ -76,6 +76,23 @@ DEFAULTS: dict[str, Any] = {
     "REQUEUE_CLAIM_TIMEOUT": 300,
     # Rows per batch for requeue and purge.
     "BATCH_SIZE": 500,
+    # Transactional outbox (README "Exactly-once effects"): Topic.send writes a row in the
+    # current database transaction and the relay publishes it once that commits. False keeps
+    # the direct publish; Topic(..., outbox=) and send(..., outbox=) choose per topic or call.
+    "OUTBOX": False,
+    # After a commit that wrote outbox rows, the committing thread publishes them at once
+    # (the relay in rmq_consume / rmq_relay sweeps up whatever that missed).
+    "OUTBOX_PUBLISH_ON_COMMIT": True,
+    # Seconds the relay sleeps when the outbox is empty (a commit in its process wakes it).
+    "OUTBOX_POLL_SECONDS": 1.0,
+    # Rows the relay publishes per round (one database transaction, pipelined confirms).
+    "OUTBOX_BATCH_SIZE": 2000,
+    # Publish attempts the broker refused (unroutable, nacked) before a row is held for an
+    # operator. An unreachable broker is not counted: the relay waits for it.
+    "OUTBOX_MAX_ATTEMPTS": 10,
+    # Days an idempotent receiver remembers a handled message (a duplicate arriving later
+    # runs again). The consumer purges older rows hourly; rmq_purge_inbox does it on demand.
+    "INBOX_RETENTION_DAYS": 7,
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])

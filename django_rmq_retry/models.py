@@ -183,3 +183,66 @@ class DeliveryStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.message_id} ({self.starts} starts)"
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    HELD = "held", _("Held (needs an operator)")
+
+
+class OutboxMessage(models.Model):
+    """A message written in the sender's database transaction, published by the relay.
+
+    The row commits or rolls back with the transaction that sent it, so a committed event is
+    never lost between the commit and the broker (and a rolled-back one never leaves). The
+    relay deletes it only once the broker confirmed it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    #: The transaction that wrote the row: its rows are published in ``id`` order.
+    group = models.CharField(_("transaction"), max_length=32)
+    exchange = models.CharField(_("exchange"), max_length=255, blank=True)
+    routing_key = models.CharField(_("routing key"), max_length=255)
+    message_id = models.CharField(_("message id"), max_length=255, blank=True)
+    body = models.BinaryField(_("body"))
+    properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
+    created_at = models.DateTimeField(_("created"))
+    status = models.CharField(
+        _("status"), max_length=8, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(_("publish attempts"), default=0)
+    available_at = models.DateTimeField(_("next attempt"))
+    last_error = models.TextField(_("last error"), blank=True)
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        ordering = ("id",)
+        indexes = [
+            # The relay's scan (pending, oldest first) and its in-order check per transaction.
+            models.Index(fields=["status", "id"], name="rmqr_outbox_status"),
+            models.Index(fields=["group", "id"], name="rmqr_outbox_group"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.routing_key} · {self.message_id or self.pk} ({self.get_status_display()})"
+
+
+class InboxEntry(models.Model):
+    """A message an idempotent receiver handled: written in the receiver's own transaction,
+    so a redelivery after a crash between that commit and the ack is acked without a rerun."""
+
+    receiver = models.CharField(_("receiver"), max_length=255)
+    #: The message id, or ``sha256:`` of routing key and body when it has none.
+    key = models.CharField(_("message key"), max_length=255)
+    handled_at = models.DateTimeField(_("handled at"), db_index=True)
+
+    class Meta:
+        verbose_name = _("handled message")
+        verbose_name_plural = _("handled messages (idempotent receivers)")
+        constraints = [
+            models.UniqueConstraint(fields=["receiver", "key"], name="rmqr_inbox_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receiver} · {self.key}"

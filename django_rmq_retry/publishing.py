@@ -248,18 +248,61 @@ class Publisher:
         messages unconfirmed at once, hence the duplicates a lost connection can cause.
         """
         items = [broker.Outgoing(ex, rk, body, props) for ex, rk, body, props in messages]
+        try:
+            self.publish_items(items, window)
+        except PublishError as exc:
+            exc.statuses = [i.confirmed for i in items]  # type: ignore[attr-defined]
+            raise
+        return [i.confirmed for i in items]
+
+    def publish_items(self, items: Sequence[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
+        """Publish ``items`` pipelined; each ends with the broker's answer on it.
+
+        A nacked or returned item is an answer (``item.nacked`` / ``item.returned``), not an
+        exception. Raises ``PublishError`` only when some item got no answer (the broker
+        could not be reached after one reconnect, the channel closed, no confirm in time).
+        """
         if not items:
-            return []
+            return
         with self._lock:
             try:
-                self._publish_batch(items, window)
-            except PublishError as exc:
+                self._publish_batch(list(items), window)
+            except PublishError:
                 if any(i.nacked or i.returned for i in items) and all(i.state for i in items):
-                    pass  # every message was answered: the failures are per message
-                else:
-                    exc.statuses = [i.confirmed for i in items]  # type: ignore[attr-defined]
-                    raise
-        return [i.confirmed for i in items]
+                    return  # every message was answered: the failures are per message
+                raise
+
+    def publish_stream(
+        self, items: Iterable[broker.Outgoing], window: int = BATCH_WINDOW
+    ) -> list[broker.Outgoing]:
+        """Publish ``items`` as the iterable yields them; return them, each answered.
+
+        For a lazy source (the outbox relay reading rows from a database cursor), so
+        reading the next rows overlaps the broker's work on the last ones. No reconnect:
+        if some item got no answer (connection lost, channel closed, no confirm in time)
+        this raises ``PublishError`` whose ``sent`` holds what was published so far (the
+        caller keeps the unanswered ones for later).
+        """
+        with self._lock:
+            return self._send_stream(items, window)
+
+    def _send_stream(self, items: Iterable[broker.Outgoing], window: int) -> list[broker.Outgoing]:
+        """The transport's part of :meth:`publish_stream` (``testing`` has its own)."""
+        sent: list[broker.Outgoing] = []
+        try:
+            outcome = self._batch_pipeline().run(items, window, sent)
+        except BrokerUnavailable as exc:
+            raise _stream_error(sent, str(exc)) from exc
+        except ConnectionLost as exc:
+            self._drop()
+            raise _stream_error(sent, f"publish failed: {exc}") from exc
+        if outcome.channel_error is not None:
+            self._pipeline = None
+            raise _stream_error(sent, f"publish failed: {outcome.channel_error}")
+        if outcome.timed_out:
+            self._drop()
+            raise _stream_error(sent, "the broker did not confirm every message in time")
+        return sent
 
     def _batch_pipeline(self) -> broker.Pipeline:
         self._ensure_channel()  # (re)connects; also notices a dead connection
@@ -302,7 +345,7 @@ class Publisher:
             todo = [i for i in todo if not items[i].confirmed]
             if not todo:
                 return None
-            return self._batch_pipeline().run(items, todo, window)
+            return self._batch_pipeline().run((items[i] for i in todo), window)
 
         def give_up(exc: ConnectionLost) -> PublishError | None:
             if all(items[i].confirmed for i in todo):
@@ -334,6 +377,12 @@ def _batch_error(items: list[broker.Outgoing], text: str, kind: type[PublishErro
     exc = kind(f"{text} ({len(confirmed)} of {len(items)} confirmed)")
     exc.confirmed = confirmed  # type: ignore[attr-defined]
     exc.failed = failed  # type: ignore[attr-defined]
+    return exc
+
+
+def _stream_error(sent: list[broker.Outgoing], text: str) -> PublishError:
+    exc = PublishError(text)
+    exc.sent = sent  # type: ignore[attr-defined]
     return exc
 
 

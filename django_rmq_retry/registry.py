@@ -58,6 +58,9 @@ class Receiver:
     queue_suffix: str | None  # explicit queue name given by the user (prefix added later)
     topics: list[TopicKey] = field(default_factory=list)
     policy: Policy | None = None
+    #: Run in a database transaction with an inbox row: a redelivery of a message whose
+    #: transaction committed is acked without running again (``inbox``).
+    idempotent: bool = False
 
     @property
     def routing_keys(self) -> list[str]:
@@ -115,6 +118,7 @@ class Registry:
         *,
         queue: str | None = None,
         retry: Policy | Mapping[str, Any] | None = None,
+        idempotent: bool = False,
     ) -> Receiver:
         topics = list(topics)
         name = dotted_path(func)
@@ -141,6 +145,7 @@ class Registry:
                     if t not in existing.topics:
                         existing.topics.append(t)
                 existing.policy = policy or existing.policy
+                existing.idempotent = existing.idempotent or idempotent
                 return existing
             suffix = queue
             for other in self._by_name.values():
@@ -149,7 +154,14 @@ class Registry:
                         f"Receivers {other.name} and {name} would share the queue "
                         f"{suffix or name!r}; each receiver needs its own queue."
                     )
-            rec = Receiver(func=func, name=name, queue_suffix=suffix, topics=topics, policy=policy)
+            rec = Receiver(
+                func=func,
+                name=name,
+                queue_suffix=suffix,
+                topics=topics,
+                policy=policy,
+                idempotent=idempotent,
+            )
             self._by_name[name] = rec
             return rec
 
@@ -217,14 +229,19 @@ def receiver(
     *,
     queue: str | None = None,
     retry: Policy | Mapping[str, Any] | None = None,
+    idempotent: bool = False,
     registry: Registry | None = None,
 ) -> Callable[[ReceiverFunc], ReceiverFunc]:
-    """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``."""
+    """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``.
+
+    ``idempotent=True``: the receiver's database effects happen once per message even when
+    it is delivered twice (README "Exactly-once effects").
+    """
     topics = [topic] if isinstance(topic, TopicKey) else list(topic)
 
     def decorator(func: ReceiverFunc) -> ReceiverFunc:
         (registry if registry is not None else default_registry).register(
-            func, topics, queue=queue, retry=retry
+            func, topics, queue=queue, retry=retry, idempotent=idempotent
         )
         return func
 

@@ -11,13 +11,32 @@ from typing import Any
 
 from django.db import transaction
 
+from .conf import app_settings
 from .core.backoff import Policy
 from .publishing import PublishResult, get_publisher
 from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
 
 
 class Topic(TopicKey):
-    """A named event published to the work exchange under ``routing_key``."""
+    """A named event published to the work exchange under ``routing_key``.
+
+    ``outbox`` chooses how ``send`` publishes for this topic: ``True`` writes an outbox row
+    in the current database transaction (published by the relay once it commits), ``False``
+    publishes at once, ``None`` (default) follows the ``OUTBOX`` setting.
+    """
+
+    def __init__(
+        self, routing_key: str, *, description: str = "", outbox: bool | None = None
+    ) -> None:
+        super().__init__(routing_key, description=description)
+        self.outbox = outbox
+
+    def uses_outbox(self, outbox: bool | None = None) -> bool:
+        """Whether a send goes through the outbox: the call's choice, the topic's, the setting."""
+        for choice in (outbox, self.outbox):
+            if choice is not None:
+                return bool(choice)
+        return bool(app_settings.OUTBOX)
 
     # Publishing -------------------------------------------------------------------------
     def send(
@@ -26,19 +45,50 @@ class Topic(TopicKey):
         *,
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
+        outbox: bool | None = None,
+        using: str | None = None,
         **properties: Any,
     ) -> PublishResult:
-        """Publish now and wait for the broker's confirm. Raises ``PublishError`` if not."""
+        """Publish and wait for the broker's confirm (raises ``PublishError`` if not), or,
+        through the outbox, write the message in the current transaction of database
+        ``using`` (default: where the outbox table lives) and return at once."""
+        if self.uses_outbox(outbox):
+            return _outbox().enqueue(
+                self.routing_key,
+                body,
+                headers=headers,
+                content_type=content_type,
+                using=using,
+                **properties,
+            )
         return get_publisher().publish(
             self.routing_key, body, headers=headers, content_type=content_type, **properties
         )
 
-    def send_many(self, bodies: Iterable[Any], **kwargs: Any) -> list[PublishResult]:
-        """Publish several messages with one round of confirms (much faster than a loop)."""
+    def send_many(
+        self,
+        bodies: Iterable[Any],
+        *,
+        outbox: bool | None = None,
+        using: str | None = None,
+        **kwargs: Any,
+    ) -> list[PublishResult]:
+        """Publish several messages with one round of confirms (much faster than a loop);
+        through the outbox, one multi-row INSERT in the current transaction."""
+        if self.uses_outbox(outbox):
+            return _outbox().enqueue_many(self.routing_key, bodies, using=using, **kwargs)
         return get_publisher().publish_many(self.routing_key, bodies, **kwargs)
 
     def send_on_commit(self, body: Any, *, using: str | None = None, **kwargs: Any) -> None:
-        """Publish once the current database transaction commits (now if there is none)."""
+        """Publish once the current database transaction commits (now if there is none).
+
+        Between that commit and the broker's confirm the message can be lost (the process
+        dies, the broker is down); the outbox (``outbox=True``) closes that gap, and with it
+        this is the same as ``send``: the row already waits for the commit.
+        """
+        if self.uses_outbox(kwargs.pop("outbox", None)):
+            self.send(body, outbox=True, using=using, **kwargs)
+            return
         transaction.on_commit(lambda: self.send(body, **kwargs), using=using, robust=False)
 
     # Receivers --------------------------------------------------------------------------
@@ -48,10 +98,11 @@ class Topic(TopicKey):
         *,
         queue: str | None = None,
         retry: Policy | Mapping[str, Any] | None = None,
+        idempotent: bool = False,
         registry: Registry | None = None,
     ) -> ReceiverFunc:
         (registry if registry is not None else default_registry).register(
-            func, [self], queue=queue, retry=retry
+            func, [self], queue=queue, retry=retry, idempotent=idempotent
         )
         return func
 
@@ -64,3 +115,11 @@ class Topic(TopicKey):
             for r in (registry if registry is not None else default_registry).all()
             if self in r.topics
         ]
+
+
+def _outbox() -> Any:
+    """The ``outbox`` package, imported on first use: it needs the models, and topics are
+    created while the app registry is still loading (``import django_rmq_retry``)."""
+    from . import outbox
+
+    return outbox

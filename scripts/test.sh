@@ -64,19 +64,23 @@ leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
 # the 3.10 legs to keep CI under 40 minutes: the SIGKILL scenarios with classic queues (they
-# run here with quorum queues), test_security (its TLS test runs a private 3.10 node), and
-# the adversarial suites with quorum queues (they run with classic ones).
+# run here with quorum queues), the exactly-once scenarios (their broker restart runs here with
+# quorum queues), test_security (its TLS test runs a private 3.10 node), and the adversarial
+# suites with quorum queues (they run with classic ones).
 # The broker-restart scenario runs here with quorum queues only: classic queues dead-letter
 # at-most-once inside RabbitMQ, and on 4.0 a retry copy the broker had confirmed vanished in
 # the delay-level hop that was due as the broker shut down (1 of 750 pairs, in one of our
 # few 4.0 runs; README "What is not promised"). With quorum queues the hop is at-least-once.
 R4_CLASSIC=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
+  tests/test_outbox.py tests/test_idempotent.py
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
+  --ignore=tests/faults/test_exactly_once.py
   --deselect tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
 R4_QUORUM=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
-  tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py)
+  tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py
+  tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
 adversarial() { local f; for f in tests/test_adversary*.py tests/adversarial; do [ -e "$f" ] && echo "$f"; done; true; }
 leg_rabbit4() (
   # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply

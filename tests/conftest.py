@@ -74,6 +74,28 @@ def registry_snapshot() -> Iterator[None]:
         v.topics[:] = saved_topics[k]
 
 
+@pytest.fixture
+def dbapp(registry_snapshot: None) -> Any:
+    """``tests.faults.dbapp.consumers`` with its receivers registered in this process (and
+    forgotten afterwards). The module is imported again each time: importing it registers
+    them once, and an earlier test's ``registry_snapshot`` may have forgotten them since."""
+    import importlib
+
+    from tests.faults.dbapp import consumers
+
+    for rec in default_registry.all():
+        if rec.name.startswith(consumers.__name__ + "."):
+            default_registry.unregister(rec.func)
+    return importlib.reload(consumers)
+
+
+@pytest.fixture
+def effects(dbapp: Any) -> Any:
+    """The ``faults.effects`` topic, whose idempotent receiver ``writes_effect`` writes an
+    ``Effect`` row per message."""
+    return dbapp.effects
+
+
 class Rmq:
     """One test's private slice of the broker: every object it creates carries ``prefix``."""
 

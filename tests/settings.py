@@ -22,6 +22,7 @@ RMQ_RETRY = {
     "HEARTBEAT": env.int("RMQ_HEARTBEAT", default=60),
     "SHUTDOWN_TIMEOUT": env.float("RMQ_SHUTDOWN_TIMEOUT", default=30),
     "DELIVERY_LIMIT": env.int("RMQ_DELIVERY_LIMIT", default=5),
+    "OUTBOX_BATCH_SIZE": env.int("RMQ_OUTBOX_BATCH", default=2000),
     "QUEUE_TYPE": env("RMQ_QUEUE_TYPE", default="classic"),
     "POLICY_CACHE_SECONDS": 1,
 }

@@ -1,5 +1,5 @@
 """``send_on_commit`` is at-most-once between the commit and the publish (README, "What is
-not promised"; issue #15's outbox will close it). This pins the documented behaviour down, so
+not promised"; the outbox, ``outbox=True``, closes it). This pins the documented behaviour down, so
 the README line stays true: the rows are committed, the message is not sent, the error comes
 out of the commit, and later ``on_commit`` callbacks of that transaction do not run."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,16 +249,25 @@ class Pipeline:
         self.wake_at = -1
         return True
 
-    def run(self, items: Sequence[Outgoing], todo: list[int], window: int) -> BatchOutcome:
+    def run(
+        self, items: Iterable[Outgoing], window: int, sent: list[Outgoing] | None = None
+    ) -> BatchOutcome:
+        """Publish ``items`` as the iterable yields them, then wait for every answer.
+
+        The iterable may be lazy (rows read from a database cursor): reading the next ones
+        overlaps the broker's work on those already written. Each item published is
+        appended to ``sent`` (when given) before it is written.
+        """
         outcome = BatchOutcome()
         low = window // 2
-        for sent, index in enumerate(todo, 1):
+        for number, item in enumerate(items, 1):
             if self.unconfirmed >= window and not self._wait_until(low):
                 outcome.timed_out = True
                 return outcome
             if self.channel.broken is not None:
                 break
-            item = items[index]
+            if sent is not None:
+                sent.append(item)
             item.state = ""
             item.returned = False
             self.channel.publish(
@@ -268,7 +277,7 @@ class Pipeline:
                 item.properties,
                 functools.partial(self._settle, item),
             )
-            if sent % FLUSH_EVERY == 0:
+            if number % FLUSH_EVERY == 0:
                 # Frames wait in pika's buffer until the I/O loop runs: hand them to the
                 # socket (and take in confirms) while the next ones are marshalled.
                 self._pump(0)

@@ -36,6 +36,7 @@ from ..core.names import Names
 from ..core.outcome import Park, RetryLater, Run, decide, triage
 from ..core.topology import QUORUM_DELIVERY_LIMIT
 from ..core.undecodable import without_headers
+from ..inbox import message_key, run_once
 from ..parking import ParkRequest
 from ..policies import policy_cache
 from ..registry import Receiver
@@ -134,8 +135,21 @@ class Handler:
         The one place every receiver attempt goes through: per-attempt instrumentation
         (metrics, traces, an attempt history) belongs around this call, not in the loop.
         """
+        topic = rec.topic_for(message.routing_key)
         try:
-            rec.func(message, receiver=rec, topic=rec.topic_for(message.routing_key))
+            if not rec.idempotent:
+                rec.func(message, receiver=rec, topic=topic)
+            elif not run_once(
+                rec.name,
+                message_key(message.message_id, message.routing_key, message.raw),
+                lambda: rec.func(message, receiver=rec, topic=topic),
+            ):
+                logger.info(
+                    "%s: message %s was handled before (its transaction committed): "
+                    "acked without running the receiver again",
+                    rec.name,
+                    message.message_id,
+                )
         except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
             return exc
         return None

@@ -33,6 +33,7 @@ from ..registry import Receiver
 from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
+from .housekeeper import Housekeeper
 from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
 from .pool import CANCELLED, DaemonPool, Job
@@ -68,6 +69,7 @@ class Consumer:
         fail_fast: bool = False,
         consume_orphans: bool = True,
         shutdown_timeout: float | None = None,
+        relay: bool = True,
     ) -> None:
         self.receivers = list(receivers)
         self.names = current_names()
@@ -116,6 +118,9 @@ class Consumer:
             stop=self._stop,
         )
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
+        self._housekeeping_stop = threading.Event()
+        #: The outbox relay and the inbox purge (``None``: ``relay=False``).
+        self._housekeeper = Housekeeper(self._housekeeping_stop) if relay else None
 
     # Public control -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -129,6 +134,8 @@ class Consumer:
     def run(self) -> Stats:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
         first = True
+        if self._housekeeper is not None:
+            self._housekeeper.start()
         try:
             while not self._stop.is_set():
                 try:
@@ -238,6 +245,9 @@ class Consumer:
         self._connection = self._copies_connection = None
 
     def _close(self) -> None:
+        self._housekeeping_stop.set()
+        if self._housekeeper is not None:
+            self._housekeeper.join(timeout=self.shutdown_timeout)
         self._pool.shutdown()
         self._parker.close()
         self._notifier.close()

@@ -35,6 +35,7 @@ from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
 from ..core.envelope import read_incoming
 from ..core.errors import UnroutableError
+from ..outbox import publish_all, rows_written
 from ..policies import policy_cache
 from ..publishing import Publisher, install
 from ..registry import Receiver, default_registry
@@ -166,6 +167,7 @@ class InMemoryBroker:
         policy_cache.invalidate()  # RetryPolicy rows written by the test apply at once
         delivered = 0
         while True:
+            self._relay_outbox()
             ready = [q for q in self._by_queue if self.model.has_ready(q)]
             if not ready:
                 return
@@ -181,6 +183,12 @@ class InMemoryBroker:
                 if stored is not None:
                     self._deliver(queue, self._by_queue[queue], stored)
                     delivered += 1
+
+    def _relay_outbox(self) -> None:
+        """Publish the outbox rows the test committed (or wrote in its test transaction),
+        as the relay of ``rmq_consume`` would; only once this process wrote any."""
+        if rows_written.is_set():
+            publish_all(publisher=self.publisher)
 
     def _deliver(self, queue: str, receiver: Receiver | None, stored: Stored) -> None:
         delivery = Delivery(
@@ -301,6 +309,11 @@ class _MemoryPublisher(Publisher):
                 item.exchange, item.routing_key, item.body, item.properties
             )
             item.state = "ack"
+
+    def _send_stream(self, items: Iterable[Any], window: int) -> list[Any]:
+        sent = list(items)
+        self._send_batch(sent, window)
+        return sent
 
     def close(self) -> None:
         """Nothing to close: there is no connection."""

@@ -15,9 +15,10 @@ class WarehouseUnavailable(Exception):
     pass
 
 
-@receiver(order_paid)
+@receiver(order_paid, idempotent=True)
 def send_invoice(message, **kwargs):
-    """Always succeeds: writes an invoice row."""
+    """Always succeeds: writes an invoice row, once per message even if it is delivered
+    twice (idempotent: the row commits with an inbox row for the message)."""
     Invoice.objects.create(order_id=message.body["order_id"])
     logger.info("invoice written for order %s", message.body["order_id"])
 

@@ -18,7 +18,7 @@ import pytest
 
 from django_rmq_retry import parking
 from django_rmq_retry.consumer import Consumer
-from django_rmq_retry.models import DeliveryStart, ParkedMessage
+from django_rmq_retry.models import DeliveryStart, InboxEntry, OutboxMessage, ParkedMessage
 from django_rmq_retry.registry import default_registry
 from django_rmq_retry.testing import InMemoryBroker
 from tests.conftest import read_log, wait_for
@@ -112,8 +112,8 @@ def outcome(rmq: Any) -> Outcome:
 def run_both(rmq: Any, scenario: Callable[[Any], None]) -> tuple[Outcome, Outcome]:
     results = []
     for kind in (Real, Memory):
-        ParkedMessage.objects.all().delete()
-        DeliveryStart.objects.all().delete()
+        for model in (ParkedMessage, DeliveryStart, InboxEntry, OutboxMessage):
+            model.objects.all().delete()
         rmq.log.write_text("")
         harness = kind(rmq)
         try:
@@ -235,3 +235,39 @@ def test_the_in_memory_clock_runs_a_long_schedule_at_once(rmq):
     ]
     assert runs[-1].at == pytest.approx(7200, abs=1)
     assert wall < 5, wall
+
+
+def test_outbox_sends_what_committed_only(rmq):
+    from django.db import transaction
+
+    def scenario(h):
+        with transaction.atomic():
+            other.send({"id": "x1"}, message_id="x1", outbox=True)
+            work.send({"id": "x2"}, message_id="x2", outbox=True)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            other.send({"id": "x3"}, message_id="x3", outbox=True)
+            raise RuntimeError("rolled back: never sent")
+        h.consume()
+
+    real, _ = run_both(rmq, scenario)
+    assert real["starts"] == starts(("gamma", "x1", 1), ("alpha", "x2", 1), ("beta", "x2", 1))
+
+
+def test_idempotent_receiver_runs_a_duplicate_once(rmq, effects):
+    from tests.testapp.models import Effect
+
+    keys: dict[str, list[tuple[str, int]]] = {}
+
+    def scenario(h):
+        Effect.objects.all().delete()
+        for _ in range(2):  # the same message twice, then one failing once after its write
+            effects.send({"id": "i1"}, message_id="i1")
+        effects.send({"id": "i2", "fail": 1}, message_id="i2")
+        h.consume()
+        keys[h.name] = sorted(Effect.objects.values_list("key", "attempt"))
+
+    real, _ = run_both(rmq, scenario)
+    assert real["starts"] == starts(
+        ("writes_effect", "i1", 1), ("writes_effect", "i2", 1), ("writes_effect", "i2", 2)
+    )
+    assert keys["rabbitmq"] == keys["in-memory"] == [("i1", 1), ("i2", 2)]

@@ -72,7 +72,7 @@ def _declared(rmq, short: str) -> bool:
         return False
 
 
-def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, procs):
+def test_database_down_while_messages_must_be_parked(dbapp, rmq, procs):
     if connection.vendor != "postgresql":
         pytest.skip(
             "scenario 3 stops PostgreSQL; this run's test database is SQLite "
@@ -87,7 +87,7 @@ def test_database_down_while_messages_must_be_parked(registry_snapshot, rmq, pro
     proc = spawn(rmq, "gamma", "--threads", "1")
     procs.append(proc)
     # A second consumer runs a receiver that queries the database (tests.faults.dbapp).
-    from tests.faults.dbapp.consumers import needs_db
+    needs_db = dbapp.needs_db
 
     db_proc = spawn(
         rmq,

@@ -64,6 +64,11 @@ class Command(BaseCommand):
             "--no-orphans", action="store_true", help="Do not consume the orphaned-retries queue."
         )
         parser.add_argument(
+            "--no-relay",
+            action="store_true",
+            help="Do not run the outbox relay (and the inbox purge) in this consumer.",
+        )
+        parser.add_argument(
             "--processes",
             type=int,
             default=1,
@@ -99,6 +104,7 @@ class Command(BaseCommand):
             max_idle_time=options["max_idle_time"],
             fail_fast=options["fail_fast"],
             consume_orphans=not options["no_orphans"],
+            relay=not options["no_relay"],
         )
         restore = self._install_signal_handlers(consumer)
         policy_cache.invalidate()
@@ -124,7 +130,7 @@ class Command(BaseCommand):
         for name in ("prefetch", "threads", "max_messages", "max_idle_time"):
             if options[name] is not None:
                 args += [f"--{name.replace('_', '-')}", str(options[name])]
-        for name in ("fail_fast", "no_orphans"):
+        for name in ("fail_fast", "no_orphans", "no_relay"):
             if options[name]:
                 args.append(f"--{name.replace('_', '-')}")
         args += ["--verbosity", str(options["verbosity"])]

@@ -1,6 +1,7 @@
 """Publish demo orders: ``manage.py publish_demo --count 20``."""
 
 from django.core.management.base import BaseCommand
+from django.db import transaction
 
 from testproject.shop.events import order_paid
 
@@ -14,5 +15,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, count, start, **options):
         for order_id in range(start, start + count):
-            order_paid.send({"order_id": order_id})
+            with transaction.atomic():  # as a checkout view would: the event commits with it
+                order_paid.send({"order_id": order_id})
         self.stdout.write(self.style.SUCCESS(f"Published {count} order_paid message(s)."))

@@ -1,0 +1,125 @@
+"""The consumer's background chores, on a thread of their own: the outbox relay (publish
+committed outbox rows) and the hourly purge of old inbox rows. ``rmq_relay`` runs the same
+loop for projects that only publish."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import DatabaseError, close_old_connections
+
+from ..conf import app_settings
+from ..core.backoff import CappedBackoff
+from ..core.errors import PublishError
+from ..inbox import purge_handled
+from ..models import OutboxMessage, OutboxStatus
+from ..outbox import RelayRound, publish_pending, relay_wakeup
+from ..outbox.relay import WAITING_PAUSE
+from ..threads import start_daemon
+
+logger = logging.getLogger("django_rmq_retry.outbox")
+
+#: Seconds between two purges of handled-message rows (the first one a minute after start).
+PURGE_EVERY = 3600.0
+#: Seconds between two checks of the thread's database connection (``close_old_connections``).
+RECYCLE_EVERY = 60.0
+
+
+class Housekeeper:
+    """Relay the outbox until ``stop`` is set; ``once=True`` stops once nothing pending now
+    is left to publish (rows backing off after a refusal, or held, stay)."""
+
+    def __init__(
+        self,
+        stop: threading.Event,
+        *,
+        using: str = "default",
+        purge_inbox: bool = True,
+        once: bool = False,
+    ) -> None:
+        self.stop = stop
+        self.using = using
+        self.purge_inbox = purge_inbox
+        self.once = once
+        self.published = 0
+        self.held = 0
+        self._thread: threading.Thread | None = None
+        self._after: int | None = None  # within a drain: the last round's last row id
+
+    def start(self) -> None:
+        self._thread = start_daemon(self.run, "rmq-outbox-relay")
+
+    def join(self, timeout: float) -> None:
+        relay_wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
+        next_purge = time.monotonic() + 60
+        next_recycle = 0.0
+        while not self.stop.is_set():
+            relay_wakeup.clear()
+            if time.monotonic() >= next_recycle:
+                # CONN_MAX_AGE and connections the database dropped; not every poll: with
+                # Django's default CONN_MAX_AGE = 0 that would be a new connection a second.
+                next_recycle = time.monotonic() + RECYCLE_EVERY
+                close_old_connections()
+            try:
+                done = self._relay_round()
+                backoff.reset()
+            except PublishError as exc:
+                logger.warning("outbox relay: broker unavailable (%s); retrying", exc)
+                self.stop.wait(backoff.next())
+                continue
+            except DatabaseError as exc:
+                logger.warning("outbox relay: database error (%s); retrying", exc)
+                next_recycle = 0.0  # a fresh connection next time
+                self.stop.wait(backoff.next())
+                continue
+            if self.purge_inbox and time.monotonic() >= next_purge:
+                next_purge = time.monotonic() + PURGE_EVERY
+                self._purge()
+            if done.full:
+                continue
+            if done.waiting:  # held up by another relay's round: due once that one ends
+                self.stop.wait(WAITING_PAUSE)
+                continue
+            if self.once:
+                return
+            relay_wakeup.wait(float(app_settings.OUTBOX_POLL_SECONDS))
+
+    def _relay_round(self) -> RelayRound:
+        """One round. A full one is followed by one that goes on after its last row (see
+        ``publish_pending``'s ``after``); any other by one from the oldest row."""
+        if self._after is None:
+            pending = OutboxMessage.objects.using(self.using).filter(status=OutboxStatus.PENDING)
+            if not pending.exists():  # idle: one indexed query, no transaction, no lock
+                return RelayRound()
+        try:
+            done = publish_pending(using=self.using, after=self._after)
+        except BaseException:
+            self._after = None
+            raise
+        self.published += done.published
+        self.held += done.held
+        if done.held:
+            logger.error(
+                "outbox: %d message(s) held after %d refused attempts; see the admin's "
+                "outbox messages",
+                done.held,
+                int(app_settings.OUTBOX_MAX_ATTEMPTS),
+            )
+        self._after = done.last_id if done.full else None
+        return done
+
+    def _purge(self) -> None:
+        try:
+            purged = purge_handled(using=self.using)
+        except DatabaseError as exc:
+            logger.warning("inbox purge failed (%s); next try in an hour", exc)
+            return
+        if purged:
+            logger.info("purged %d handled-message row(s) past INBOX_RETENTION_DAYS", purged)

@@ -1,0 +1,279 @@
+"""Publishing the outbox: committed rows to the broker, deleted only once it confirmed them.
+
+One *round* is one database transaction: lock the oldest pending rows (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, so several relays share the work without publishing a row twice),
+publish them pipelined with confirms, delete the confirmed ones, and count a refusal
+(unroutable, nacked) against the rows the broker refused. A relay killed mid-round rolls
+back: its rows are published again by the next round, with the same message ids (the only
+duplicates the outbox makes). An unreachable broker leaves the rows untouched and raises.
+
+Order: the rows one transaction wrote for one topic are published in the order written. A
+round leaves a row whose transaction has an earlier row of the same topic still pending
+that the round does not hold: backing off after a refusal (*deferred*: it waits with it),
+or locked by another relay's round (*waiting*: due as soon as that round ends, so the next
+round starts from the oldest row again instead of going on after this one's last).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .. import broker
+from ..conf import app_settings
+from ..core.errors import PublishError
+from ..core.json_columns import headers_from_json
+from ..models import OutboxMessage, OutboxStatus
+from ..publishing import Publisher, get_publisher
+
+#: Set after every commit that wrote outbox rows: a relay in this process wakes at once.
+relay_wakeup = threading.Event()
+#: Set once this process wrote an outbox row (the in-memory test broker relays only then,
+#: so tests that never touch the outbox need no database).
+rows_written = threading.Event()
+
+#: (transaction, topic): the rows that must leave in the order they were written.
+_Key = tuple[str, str]
+
+#: Seconds a drain pauses before looking again for rows another relay's round held up.
+WAITING_PAUSE = 0.05
+
+#: Rows read from the database at once within a round (the broker works on the last chunk
+#: while the next is read).
+CHUNK = 500
+
+#: Seconds a refused row waits before its next attempt: doubling from this, capped below.
+REFUSED_FIRST_DELAY = 1.0
+REFUSED_MAX_DELAY = 300.0
+
+
+class _Row(NamedTuple):
+    """The columns a round needs (no model instances: the relay's hot path)."""
+
+    id: int
+    group: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class RelayRound:
+    """What one round did: rows published (and deleted), refused by the broker, newly held."""
+
+    published: int = 0
+    refused: int = 0
+    held: int = 0
+    #: Rows locked this round (a full batch means more may be waiting).
+    claimed: int = 0
+    #: The highest row id this round read: the next round of a drain starts after it.
+    last_id: int | None = None
+    #: Rows left because an earlier row of their transaction and topic was in another
+    #: relay's round: the next round must look again from the oldest row.
+    waiting: int = 0
+    #: The round locked as many rows as it may (more may be pending after ``last_id``).
+    full: bool = False
+
+
+def publish_pending(
+    *,
+    using: str = "default",
+    group: str | None = None,
+    limit: int | None = None,
+    after: int | None = None,
+    publisher: Publisher | None = None,
+) -> RelayRound:
+    """Publish one batch of pending rows (only ``group``'s if given, only those above id
+    ``after`` if given); see the module docstring.
+
+    ``after`` is for the rounds of one drain (:func:`publish_all`): the rows below the last
+    round's are deleted ones, whose index entries stay until the table is vacuumed, and a
+    scan from the lowest id would walk over every one of them again each round.
+
+    Raises ``PublishError`` when the broker could not be reached; rows it confirmed before
+    that are deleted all the same.
+    """
+    limit = limit or int(app_settings.OUTBOX_BATCH_SIZE)
+    with transaction.atomic(using=using):
+        _write_lock_first(using)
+        now = timezone.now()
+        pending = OutboxMessage.objects.using(using).filter(
+            status=OutboxStatus.PENDING, available_at__lte=now
+        )
+        if group is not None:
+            pending = pending.filter(group=group)
+        if after is not None:
+            pending = pending.filter(id__gt=after)
+        rows = (
+            pending.select_for_update(skip_locked=True)
+            .order_by("id")
+            .values_list(*_Row._fields)[:limit]
+            .iterator(chunk_size=CHUNK)
+        )
+        chunks = iter(lambda: [_Row(*values) for values in itertools.islice(rows, CHUNK)], [])
+        first = next(chunks, None)
+        if first is None:  # nothing due: no broker connection needed
+            return RelayRound()
+        claimed: dict[int, _Row] = {}  # id(Outgoing) -> its row, without the body
+        firsts: dict[_Key, int] = {}  # each (transaction, topic)'s first row in this round
+        read = [0, 0, 0]  # rows locked this round (left ones included), the last id, waiting
+
+        def outgoing() -> Iterator[broker.Outgoing]:
+            """The round's rows as messages, read a chunk at a time while the broker works
+            on the previous chunk; a row with an earlier row of its transaction and topic
+            this round does not hold is left where it is (``_overtaking``)."""
+            for chunk in itertools.chain([first], chunks):
+                read[0] += len(chunk)
+                read[1] = chunk[-1].id
+                for row in chunk:
+                    firsts.setdefault(_key(row), row.id)
+                waiting, deferred = _overtaking(chunk, firsts, now, using)
+                for row in chunk:
+                    if _key(row) in waiting:
+                        read[2] += 1
+                        continue
+                    if _key(row) in deferred:
+                        continue
+                    item = broker.Outgoing(
+                        row.exchange, row.routing_key, bytes(row.body), _properties(row.properties)
+                    )
+                    claimed[id(item)] = row._replace(body=b"")
+                    yield item
+
+        unreachable: PublishError | None = None
+        try:
+            sent = (publisher or get_publisher()).publish_stream(outgoing())
+        except PublishError as exc:  # rows without an answer stay as they are
+            unreachable = exc
+            sent = getattr(exc, "sent", [])
+        done = [claimed[id(item)].id for item in sent if item.confirmed]
+        refused = [(claimed[id(item)], item) for item in sent if item.nacked or item.returned]
+        if done:
+            OutboxMessage.objects.using(using).filter(pk__in=done).delete()
+        held = _count_refusals(refused, now, using)
+    if unreachable is not None:
+        raise unreachable
+    return RelayRound(
+        len(done), len(refused), held, read[0], read[1] or None, read[2], read[0] >= limit
+    )
+
+
+def publish_all(*, using: str = "default", publisher: Publisher | None = None) -> RelayRound:
+    """Rounds until what is pending now is published (rows waiting after a refusal, or
+    held for an operator, stay): on after the last round's last row while rounds are full,
+    from the oldest row again while rows wait for another relay's round. Returns the totals."""
+    total = RelayRound()
+    after: int | None = None
+    while True:
+        done = publish_pending(using=using, after=after, publisher=publisher)
+        total = RelayRound(
+            total.published + done.published,
+            total.refused + done.refused,
+            total.held + done.held,
+            total.claimed + done.claimed,
+            done.last_id,
+            done.waiting,
+            done.full,
+        )
+        if done.full:
+            after = done.last_id
+        elif done.waiting:
+            after = None
+            time.sleep(WAITING_PAUSE)
+        else:
+            return total
+
+
+def _write_lock_first(using: str) -> None:
+    """SQLite: take the database's write lock before reading, so two relays (or a relay and
+    a publish-on-commit) never both read, and publish, the same rows. PostgreSQL locks rows."""
+    conn = connections[using]
+    if conn.vendor == "sqlite":
+        with conn.cursor() as cursor:
+            cursor.execute(f"UPDATE {OutboxMessage._meta.db_table} SET id = id WHERE 0 = 1")
+
+
+def _key(row: _Row) -> _Key:
+    return row.group, row.routing_key
+
+
+def _overtaking(
+    chunk: list[_Row], firsts: dict[_Key, int], now: datetime, using: str
+) -> tuple[set[_Key], set[_Key]]:
+    """(transaction, topic) keys of ``chunk`` with an earlier row still pending that this
+    round does not hold (publishing theirs now would overtake it): *waiting*, when that
+    row is due (another relay's round has it, or it lies before this round's first row),
+    and *deferred*, when it backs off after a refusal. Rows below a key's first row in this
+    round are never this round's. Held rows do not count: an operator decides about them."""
+    keys = {_key(row) for row in chunk}
+    earlier = (
+        OutboxMessage.objects.using(using)
+        .filter(
+            group__in={group for group, _topic in keys},
+            status=OutboxStatus.PENDING,
+            id__lt=max(firsts[key] for key in keys),
+        )
+        .values_list("group", "routing_key", "id", "available_at")
+    )
+    waiting: set[_Key] = set()
+    deferred: set[_Key] = set()
+    for group, topic, row_id, available_at in earlier:
+        key = (group, topic)
+        if key in keys and row_id < firsts[key]:
+            (waiting if available_at <= now else deferred).add(key)
+    return waiting, deferred - waiting
+
+
+def _properties(stored: dict[str, Any]) -> dict[str, Any]:
+    props = headers_from_json(stored)
+    props.setdefault("headers", {})
+    return props
+
+
+def _count_refusals(refused: list[tuple[_Row, broker.Outgoing]], now: datetime, using: str) -> int:
+    """Record a refusal on each row: back off, or hold it for an operator after the last try."""
+    max_attempts = int(app_settings.OUTBOX_MAX_ATTEMPTS)
+    held = 0
+    for row, item in refused:
+        attempts = row.attempts + 1
+        hold = attempts >= max_attempts
+        held += hold
+        delay = min(REFUSED_FIRST_DELAY * 2 ** (attempts - 1), REFUSED_MAX_DELAY)
+        OutboxMessage.objects.using(using).filter(pk=row.id).update(
+            attempts=attempts,
+            last_error=_refusal_text(item),
+            status=OutboxStatus.HELD if hold else OutboxStatus.PENDING,
+            available_at=now + timedelta(seconds=delay),
+        )
+    return held
+
+
+def _refusal_text(item: broker.Outgoing) -> str:
+    if item.returned:
+        return (
+            f"unroutable: no queue is bound for routing key {item.routing_key!r} on exchange "
+            f"{item.exchange!r} (is a consumer of this topic deployed?)"
+        )
+    return f"the broker refused (nacked) the message to {item.exchange!r}"
+
+
+def release_held(rows: QuerySet[OutboxMessage]) -> int:
+    """Give held rows (and rows backing off) another round of attempts, due now. For the
+    admin's action and ``rmq_relay --release-held``; returns the rows released."""
+    count = rows.update(
+        status=OutboxStatus.PENDING, attempts=0, available_at=timezone.now(), last_error=""
+    )
+    if count:
+        relay_wakeup.set()
+    return count
