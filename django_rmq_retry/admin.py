@@ -21,12 +21,14 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db import connections, transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
@@ -36,6 +38,7 @@ from django.utils.translation import gettext_lazy as _
 from . import parking
 from .core.errors import RmqRetryError
 from .models import ParkedMessage, ParkedStatus, RetryPolicy
+from .parking import WordsMatch, distinct_values
 from .preview import body_preview
 from .registry import default_registry
 
@@ -78,7 +81,54 @@ def _breakable(dotted: str) -> SafeString:
 
 
 # --------------------------------------------------------------------------------------------
-# Parked messages
+# Parked messages: pages that do not grow with the table (#16)
+
+#: Counts stop here: the list says "10,000+" rather than count millions of rows per page.
+COUNT_CAP = 10_000
+#: Values a sidebar filter lists (the first ones in order).
+FILTER_VALUES_CAP = 100
+
+
+class _AtLeast(int):
+    """A count that stopped at its cap: compares as cap + 1, prints as ``10,000+``."""
+
+    def __str__(self) -> str:
+        return f"{int(self) - 1:,}+"
+
+
+class CappedPaginator(Paginator):
+    """Counts the matching rows up to :data:`COUNT_CAP` + 1, never the whole table.
+
+    The pages go as deep as the cap (row 10,000 is on page 200 at 50 a page); past it, a
+    filter or a search narrows the list.
+    """
+
+    cap = COUNT_CAP
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        if not isinstance(qs, QuerySet):
+            return super().count
+        found = qs.order_by()[: self.cap + 1].count()
+        return _AtLeast(found) if found > self.cap else found
+
+
+class IndexedValuesFilter(admin.AllValuesFieldListFilter):
+    """A sidebar filter listing a column's values without ``SELECT DISTINCT`` over the table.
+
+    The values come from the column's index, one probe per value (:func:`distinct_values`),
+    and at most :data:`FILTER_VALUES_CAP` of them; any other value still filters through the
+    URL (the failure-groups page links that way).
+    """
+
+    def __init__(
+        self, field: Any, request: Any, params: Any, model: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        super().__init__(field, request, params, model, *args, **kwargs)
+        self.lookup_choices = distinct_values(  # type: ignore[assignment]
+            model, field.name, FILTER_VALUES_CAP, using=self.lookup_choices.db
+        )
 
 
 @admin.register(ParkedMessage)
@@ -105,17 +155,22 @@ class ParkedMessageAdmin(admin.ModelAdmin):
     list_filter = (
         "status",
         "reason",
-        "receiver",
-        "queue",
-        "error_type",
-        "fingerprint",
+        ("receiver", IndexedValuesFilter),
+        ("queue", IndexedValuesFilter),
+        ("error_type", IndexedValuesFilter),
+        ("fingerprint", IndexedValuesFilter),
         "parked_at",
     )
-    date_hierarchy = "parked_at"
-    search_fields = ("=message_id", "=correlation_id", "error_message")
-    search_help_text = _("Exact message id or correlation id, or words from the error message.")
+    # No date_hierarchy: its links cost a scan of the table (MIN/MAX, then DISTINCT dates);
+    # the parked_at filter's fixed ranges cost nothing to show.
+    search_fields = ("message_id", "correlation_id", "error_message")  # see get_search_results
+    search_help_text = _(
+        "Exact message id or correlation id, or whole words from the error message."
+    )
     list_per_page = 50
+    paginator = CappedPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # "Show counts" counted every filter's every value
     actions = ("requeue_selected", "republish_to_topic", "discard_selected")
     change_list_template = "django_rmq_retry/admin/parkedmessage_change_list.html"
     change_form_template = "django_rmq_retry/admin/parkedmessage_change_form.html"
@@ -214,6 +269,20 @@ class ParkedMessageAdmin(admin.ModelAdmin):
                 return qs.defer("body", "traceback", "properties", "headers", "history")
 
         return ParkedChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[ParkedMessage], search_term: str
+    ) -> tuple[QuerySet[ParkedMessage], bool]:
+        """A message id or correlation id, exactly; or every word, in the error message.
+
+        Each part uses an index: the ids their b-trees, the words PostgreSQL's full-text
+        index (whole words, any case; elsewhere a scan, see :class:`WordsMatch`).
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        matches = Q(message_id=term) | Q(correlation_id=term) | WordsMatch("error_message", term)
+        return queryset.filter(matches), False
 
     # URLs -----------------------------------------------------------------------------------
     def get_urls(self) -> list[Any]:
@@ -344,7 +413,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
             raise PermissionDenied
         changelist = reverse(f"{self.admin_site.name}:django_rmq_retry_parkedmessage_changelist")
         groups = []
-        for row in parking.summary()[:500]:
+        for row in parking.summary(limit=500):
             query = {
                 "status__exact": ParkedStatus.PARKED,
                 "receiver": row["receiver"],
@@ -357,7 +426,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "title": _("Parked messages by failure group"),
             "groups": groups,
-            "total": sum(g["count"] for g in groups),
+            "total": parking.parked_total() or sum(g["count"] for g in groups),
             "changelist_url": changelist,
         }
         return TemplateResponse(request, "django_rmq_retry/admin/parked_summary.html", context)

@@ -37,8 +37,10 @@ class ParkedMessage(models.Model):
     headers, route, receiver); so is its failure story and what operators did with it.
     """
 
-    # Idempotency: the delivery that produced the latest parking of this row.
-    park_key = models.CharField(_("park key"), max_length=64, unique=True)
+    # Idempotency: the delivery that produced the latest parking of this row. Unique through
+    # a constraint (Meta), not unique=True, which adds on PostgreSQL a second, LIKE-only index
+    # (varchar_pattern_ops) that no query uses and every park pays for.
+    park_key = models.CharField(_("park key"), max_length=64)
 
     receiver = models.CharField(_("receiver"), max_length=255)
     queue = models.CharField(_("queue"), max_length=255)
@@ -92,19 +94,60 @@ class ParkedMessage(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "parked_at"], name="rmqr_parked_status_at"),
-            models.Index(fields=["receiver", "status"], name="rmqr_parked_receiver"),
-            models.Index(fields=["queue", "status"], name="rmqr_parked_queue"),
-            models.Index(fields=["error_type", "status"], name="rmqr_parked_error"),
-            models.Index(fields=["fingerprint", "status"], name="rmqr_parked_group"),
+            # Each filter column with the list's order (#16): "newest 50 rows of this receiver"
+            # is an index range read backwards, however many rows the table holds, and the
+            # sidebar reads the column's values from the same index.
+            models.Index(fields=["receiver", "parked_at"], name="rmqr_parked_receiver_at"),
+            models.Index(fields=["queue", "parked_at"], name="rmqr_parked_queue_at"),
+            models.Index(fields=["error_type", "parked_at"], name="rmqr_parked_error_at"),
+            models.Index(fields=["fingerprint", "parked_at"], name="rmqr_parked_group_at"),
             models.Index(fields=["reason", "status"], name="rmqr_parked_reason"),
             models.Index(fields=["parked_at"], name="rmqr_parked_at"),
             models.Index(fields=["message_id"], name="rmqr_parked_msgid"),
+            models.Index(fields=["correlation_id"], name="rmqr_parked_corr"),
+            # And on PostgreSQL only (migration 0005, not declared here): the full-text index
+            # rmqr_parked_error_words on to_tsvector('simple', error_message).
             # No index on claim_token: every lookup by it also names the status or primary
             # keys, and each index costs every park INSERT and requeue UPDATE a write.
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["park_key"], name="rmqr_parked_park_key"),
         ]
 
     def __str__(self) -> str:
         return f"{self.receiver} · {self.message_id or self.pk} ({self.get_status_display()})"
+
+
+class ParkedGroupCount(models.Model):
+    """How many parked-message rows each (receiver, failure group, error type, status) holds.
+
+    Kept by the database itself, not computed: triggers on the parked-message table
+    (migration 0006; PostgreSQL once per statement, SQLite once per row) add and subtract as
+    rows are parked, requeued, discarded and purged, inside the transaction that changed
+    them, so the counts are right under any concurrency and whatever wrote the rows.
+    ``manage.py rmq_recount_parked`` recomputes them. The failure-groups page reads these
+    rows instead of grouping millions of parked rows.
+    """
+
+    receiver = models.CharField(_("receiver"), max_length=255)
+    fingerprint = models.CharField(_("failure group"), max_length=255, blank=True)
+    error_type = models.CharField(_("error type"), max_length=255, blank=True)
+    status = models.CharField(_("status"), max_length=12, choices=ParkedStatus.choices)
+    count = models.BigIntegerField(_("rows"), default=0)
+    #: The latest parked_at written into this group with this status (never lowered).
+    last_parked_at = models.DateTimeField(_("last parked"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("parked group count")
+        verbose_name_plural = _("parked group counts")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["receiver", "fingerprint", "error_type", "status"], name="rmqr_group_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receiver} · {self.fingerprint} · {self.status}: {self.count}"
 
 
 class RetryPolicy(models.Model):

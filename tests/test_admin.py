@@ -581,6 +581,116 @@ def test_changelist_filters_and_search(client):
 
 
 # --------------------------------------------------------------------------------------------
+# Pages that do not grow with the table (#16): what each page asks the database
+
+
+def changelist_queries(client, **query: str) -> tuple[object, list[str]]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(changelist_url(**query))
+    assert response.status_code == 200
+    return response, [q["sql"] for q in captured.captured_queries]
+
+
+@pytest.mark.django_db
+def test_list_filters_and_counts_never_scan_the_table(client):
+    make_row()
+    make_row(receiver="tests.testapp.consumers.beta", error_type="KeyError", fingerprint="")
+    client.force_login(operator())
+    for query in ({}, {"status__exact": "parked"}, {"_facets": "True"}, {"q": "boom"}):
+        response, sqls = changelist_queries(client, **query)
+        text = " ".join(sqls).upper()
+        # No SELECT DISTINCT for filter choices, no date hierarchy (MIN/MAX, dates), no facet
+        # counts, and the count is capped (COUNT over a LIMITed subquery).
+        assert "DISTINCT" not in text, query
+        scans = [s for s in sqls if "MIN(" in s.upper() and "WITH RECURSIVE" not in s.upper()]
+        assert scans == [], query
+        counts = [s for s in sqls if "COUNT(" in s.upper()]
+        assert counts and all("LIMIT 10001" in s.upper() for s in counts), counts
+        assert response.context["cl"].model_admin.date_hierarchy is None
+    # The sidebar still lists the values, read from the index.
+    filters = {spec.title: spec for spec in response.context["cl"].filter_specs}
+    receivers = [value for value in filters["receiver"].lookup_choices]
+    assert receivers == [ALPHA, "tests.testapp.consumers.beta"]
+    assert list(filters["failure group"].lookup_choices) == [
+        "",
+        "tests.testapp.consumers.Boom@tests/testapp/consumers.py:behave",
+    ]
+
+
+@pytest.mark.django_db
+def test_a_count_past_the_cap_reads_as_a_lower_bound(client, monkeypatch):
+    from django_rmq_retry.admin import CappedPaginator
+
+    monkeypatch.setattr(CappedPaginator, "cap", 3)
+    monkeypatch.setattr(ParkedMessageAdmin, "list_per_page", 2)
+    for i in range(5):
+        make_row(message_id=f"m{i}")
+    client.force_login(operator())
+    response = client.get(changelist_url())
+    assert response.context["cl"].result_count == 4  # cap + 1: "more than 3"
+    html = response.content.decode()
+    assert "3+ parked messages" in html
+    # Pages reach the cap: page 2 lists rows 3 and 4 of the newest first.
+    page2 = client.get(changelist_url(p="2"))
+    assert len(page2.context["cl"].result_list) == 2
+    # Below the cap the count is exact.
+    small = client.get(changelist_url(message_id="m1"))
+    assert small.context["cl"].result_count == 1
+    assert "1 parked message" in small.content.decode()
+
+
+@pytest.mark.django_db
+def test_search_matches_ids_exactly_and_whole_words_of_the_error(client):
+    from django.db import connection
+
+    a = make_row(
+        message_id="Abc-123", correlation_id="order-17", error_message="Order 17 timed out"
+    )
+    b = make_row(error_message="card declined for payment 9")
+    client.force_login(operator())
+
+    def ids(term: str) -> set[int]:
+        response, sqls = changelist_queries(client, q=term)
+        if connection.vendor == "postgresql":
+            assert any("to_tsvector('simple'::regconfig" in s for s in sqls)
+        assert not any("UPPER(" in s.upper() for s in sqls)  # iexact never used an index
+        return {r.pk for r in response.context["cl"].result_list}
+
+    assert ids("Abc-123") == {a.pk}
+    assert ids("abc-123") == set()  # ids are exact, case included
+    assert ids("order-17") == {a.pk}
+    assert ids("TIMED out") == {a.pk}  # words: any case, all of them
+    assert ids("declined payment") == {b.pk}
+    assert ids("declined 17") == set()
+    assert ids("zebrafish") == set()
+    c = make_row(error_message="cache foo_bar at 100% load, timed out")
+    assert ids("foo_bar") == {c.pk}  # LIKE's wildcards are taken literally
+    assert ids("100%") == {c.pk}
+    assert ids("load,") == {c.pk}
+    assert ids("timed out") == {a.pk, c.pk}
+
+
+@pytest.mark.django_db
+def test_park_key_has_one_index(db):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, ParkedMessage._meta.db_table)
+    on_key = sorted(name for name, c in constraints.items() if c["columns"] == ["park_key"])
+    assert on_key == ["rmqr_parked_park_key"]
+    if connection.vendor == "postgresql":
+        assert "rmqr_parked_error_words" in constraints  # the full-text index (migration 0005)
+    make_row(park_key="k1")
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        make_row(park_key="k1")
+
+
+# --------------------------------------------------------------------------------------------
 # Retry policies
 
 

@@ -1,6 +1,7 @@
 """The consumer's background chores, on a thread of their own: the outbox relay (publish
-committed outbox rows) and the hourly purge of old inbox rows. ``rmq_relay`` runs the same
-loop for projects that only publish."""
+committed outbox rows), and hourly the purge of old inbox rows and a look at the triggers
+that keep the failure-group counts. ``rmq_relay`` runs the same loop for projects that only
+publish."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import threading
 import time
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import app_settings
 from ..core.backoff import CappedBackoff
@@ -17,12 +18,13 @@ from ..inbox import purge_handled
 from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
 from ..outbox.relay import WAITING_PAUSE
+from ..parking import group_counts
 from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.outbox")
 
-#: Seconds between two purges of handled-message rows (the first one a minute after start).
-PURGE_EVERY = 3600.0
+#: Seconds between two rounds of the hourly chores (the first one at start).
+CHORES_EVERY = 3600.0
 #: Seconds between two checks of the thread's database connection (``close_old_connections``).
 RECYCLE_EVERY = 60.0
 
@@ -58,7 +60,7 @@ class Housekeeper:
 
     def run(self) -> None:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
-        next_purge = time.monotonic() + 60
+        next_chores = 0.0
         next_recycle = 0.0
         while not self.stop.is_set():
             relay_wakeup.clear()
@@ -79,9 +81,9 @@ class Housekeeper:
                 next_recycle = 0.0  # a fresh connection next time
                 self.stop.wait(backoff.next())
                 continue
-            if self.purge_inbox and time.monotonic() >= next_purge:
-                next_purge = time.monotonic() + PURGE_EVERY
-                self._purge()
+            if time.monotonic() >= next_chores:
+                next_chores = time.monotonic() + CHORES_EVERY
+                self._chores()
             if done.full:
                 continue
             if done.waiting:  # held up by another relay's round: due once that one ends
@@ -115,11 +117,21 @@ class Housekeeper:
         self._after = done.last_id if done.full else None
         return done
 
-    def _purge(self) -> None:
+    def _chores(self) -> None:
         try:
-            purged = purge_handled(using=self.using)
+            if self.purge_inbox:
+                purged = purge_handled(using=self.using)
+                if purged:
+                    logger.info(
+                        "purged %d handled-message row(s) past INBOX_RETENTION_DAYS", purged
+                    )
+            vendor = connections[self.using].vendor
+            if vendor in group_counts.VENDORS and not group_counts.triggers_installed(self.using):
+                logger.error(
+                    "the triggers that keep the failure-group counts of parked messages are "
+                    "missing (a migration that rebuilt the table on SQLite drops them): the "
+                    "admin's failure-groups page groups every row until you run "
+                    "`manage.py rmq_recount_parked`"
+                )
         except DatabaseError as exc:
-            logger.warning("inbox purge failed (%s); next try in an hour", exc)
-            return
-        if purged:
-            logger.info("purged %d handled-message row(s) past INBOX_RETENTION_DAYS", purged)
+            logger.warning("hourly chores failed (%s); next try in an hour", exc)

@@ -2,7 +2,9 @@
 (``retention``), and the row codec (``rows``). The admin and the management commands call
 these functions; neither holds logic of its own."""
 
+from .group_counts import counts_kept, recount
 from .park import ParkRequest, park, park_key, park_many, stripped_request
+from .queries import WordsMatch, distinct_values
 from .requeue import (
     MODE_RECEIVER,
     MODE_TOPIC,
@@ -11,7 +13,7 @@ from .requeue import (
     requeue,
     requeue_target,
 )
-from .retention import discard, purge, summary
+from .retention import discard, parked_total, purge, summary
 from .rows import row_properties
 
 __all__ = [
@@ -20,11 +22,16 @@ __all__ = [
     "REQUEUE_WINDOW",
     "ParkRequest",
     "RequeueResult",
+    "WordsMatch",
+    "counts_kept",
     "discard",
+    "distinct_values",
     "park",
     "park_key",
     "park_many",
+    "parked_total",
     "purge",
+    "recount",
     "requeue",
     "requeue_target",
     "row_properties",

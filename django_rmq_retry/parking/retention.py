@@ -1,5 +1,6 @@
 """What happens to parked rows after parking: discard (kept, marked) and purge (deleted),
-in batches, and the failure-group summary the admin shows."""
+in batches, and the failure-group summary the admin shows (from the kept counts of
+:mod:`.group_counts` where the database keeps them)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, Max, Min, QuerySet
+from django.db.models import Count, F, Max, Min, QuerySet, Sum
 from django.utils import timezone
 
 from .. import signals
+from ..batches import delete_in_batches
 from ..conf import app_settings
-from ..models import ParkedMessage, ParkedStatus
+from ..models import ParkedGroupCount, ParkedMessage, ParkedStatus
+from .group_counts import counts_kept
 
 
 def discard(
@@ -57,22 +60,46 @@ def purge(
     batch_size = batch_size or int(app_settings.BATCH_SIZE)
     cutoff = timezone.now() - older_than
     qs = ParkedMessage.objects.using(using).filter(parked_at__lt=cutoff, status__in=list(statuses))
-    if dry_run:
-        return qs.count()
-    total = 0
-    while True:
-        ids = list(qs.order_by("pk").values_list("pk", flat=True)[:batch_size])
-        if not ids:
-            return total
-        total += ParkedMessage.objects.using(using).filter(pk__in=ids).delete()[0]
+    return qs.count() if dry_run else delete_in_batches(qs, batch_size)
 
 
-def summary(queryset: QuerySet[ParkedMessage] | None = None) -> list[dict[str, Any]]:
-    """Parked counts grouped by receiver and failure group (like ServicePulse's groups)."""
-    qs = queryset if queryset is not None else ParkedMessage.objects.all()
-    return list(
+def summary(
+    queryset: QuerySet[ParkedMessage] | None = None,
+    *,
+    limit: int | None = None,
+    using: str = "default",
+) -> list[dict[str, Any]]:
+    """Parked counts grouped by receiver and failure group (like ServicePulse's groups).
+
+    Biggest first. Without a ``queryset``, on PostgreSQL and SQLite, read from the kept
+    counts (a few rows per group, whatever the table's size; ``last`` is the latest
+    parking into the group); otherwise the rows are grouped (and ``first`` is given too).
+    """
+    if queryset is None and counts_kept(using):
+        kept = (
+            ParkedGroupCount.objects.using(using)
+            .filter(status=ParkedStatus.PARKED, count__gt=0)
+            .order_by("-count", "receiver", "fingerprint", "error_type")
+            .values("receiver", "fingerprint", "error_type", "count", last=F("last_parked_at"))
+        )
+        return list(kept if limit is None else kept[:limit])
+    qs = queryset if queryset is not None else ParkedMessage.objects.using(using).all()
+    grouped = (
         qs.filter(status=ParkedStatus.PARKED)
         .values("receiver", "fingerprint", "error_type")
         .annotate(count=Count("id"), first=Min("parked_at"), last=Max("parked_at"))
         .order_by("-count", "receiver")
     )
+    return list(grouped if limit is None else grouped[:limit])
+
+
+def parked_total(using: str = "default") -> int | None:
+    """Rows parked now, from the kept counts; None where the database keeps none."""
+    if not counts_kept(using):
+        return None
+    total = (
+        ParkedGroupCount.objects.using(using)
+        .filter(status=ParkedStatus.PARKED)
+        .aggregate(total=Sum("count"))["total"]
+    )
+    return int(total or 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 from django_rmq_retry import parking
 from django_rmq_retry.management.filters import parse_duration
@@ -40,3 +41,10 @@ class Command(BaseCommand):
                 f"{verb} {count} row(s) parked before now - {options['older_than']}."
             )
         )
+        if count and not options["dry_run"] and connection.vendor == "postgresql":
+            self.stdout.write(
+                "The table keeps its size on disk: PostgreSQL reuses the freed space for new "
+                "rows once (auto)vacuum has passed. To give it back to the system, run "
+                "VACUUM FULL on django_rmq_retry_parkedmessage (it locks the table, reads and "
+                "writes all of it) or pg_repack (no long lock)."
+            )
