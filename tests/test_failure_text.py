@@ -10,6 +10,7 @@ import traceback
 import pytest
 
 from django_rmq_retry.core import failure
+from django_rmq_retry.core.errors import Reject
 
 
 def _raise(exc: BaseException) -> BaseException:
@@ -31,6 +32,10 @@ def _caught(fn, *args) -> BaseException:
     except BaseException as exc:
         return exc
     raise AssertionError("no exception")
+
+
+def _throw(exc: BaseException) -> None:
+    raise exc
 
 
 def _recurse(n: int) -> int:
@@ -80,6 +85,9 @@ CASES = {
     "syntax error": lambda: _caught(compile, "x = (", "<receiver>", "exec"),
     "note": lambda: _caught(_noted),
     "no traceback": lambda: KeyError("never raised"),
+    "empty message": lambda: _caught(_throw, ValueError()),
+    "a library's class": lambda: _caught(_throw, Reject("no sku")),
+    "multi-line message": lambda: _caught(_throw, RuntimeError("line one\nline two")),
 }
 if sys.version_info >= (3, 11):
     CASES["exception group"] = lambda: _caught(

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from types import CodeType, TracebackType
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,8 +88,25 @@ def _chain(exc: BaseException, seen: set[int]) -> list[str]:
     if exc.__traceback__ is not None:
         lines.append("Traceback (most recent call last):\n")
         lines += _frames(exc.__traceback__)
-    lines += traceback.format_exception_only(type(exc), exc)
+    lines += _exception_only(exc)
     return lines
+
+
+def _exception_only(exc: BaseException) -> list[str]:
+    """The last line(s): ``module.Type: message``. The plain case is written here (the
+    standard library builds a ``TracebackException`` for it: ~25 µs); a syntax error, notes
+    or a failing ``__str__`` go through ``traceback``."""
+    klass = type(exc)
+    if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:
+        return traceback.format_exception_only(klass, exc)
+    try:
+        text = str(exc)
+    except Exception:
+        return traceback.format_exception_only(klass, exc)
+    name, module = klass.__qualname__, klass.__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module if isinstance(module, str) else '<unknown>'}.{name}"
+    return [f"{name}: {text}\n" if text else f"{name}\n"]
 
 
 def _frames(tb: TracebackType | None) -> list[str]:
@@ -148,7 +166,10 @@ def library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
-def is_project_file(filename: str, roots: Iterable[str]) -> bool:
+@lru_cache(maxsize=4096)
+def is_project_file(filename: str, roots: tuple[str, ...]) -> bool:
+    """Whether ``filename`` is the project's own code (cached: a failing message's frames
+    are the same few files again and again)."""
     if not filename or filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
@@ -176,11 +197,16 @@ def fingerprint(
     if frame is None:
         return error_type[:255]
     filename, function = frame
+    return f"{error_type} at {_shown_name(filename, base)}:{function}"[:255]
+
+
+@lru_cache(maxsize=4096)
+def _shown_name(filename: str, base: str) -> str:
+    """The file as a failure group names it: relative to the project's base directory, or
+    its bare name (line numbers and absolute paths would split a group across deploys)."""
     if base and os.path.abspath(filename).startswith(os.path.abspath(base) + os.sep):
-        filename = os.path.relpath(filename, base)
-    else:
-        filename = os.path.basename(filename)
-    return f"{error_type} at {filename}:{function}"[:255]
+        return os.path.relpath(filename, base)
+    return os.path.basename(filename)
 
 
 def frames_of(tb: TracebackType | None) -> list[tuple[str, str]]:
