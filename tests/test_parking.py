@@ -125,10 +125,10 @@ def test_park_many_writes_a_batch_in_order_with_one_commit():
     statements = [q["sql"].split()[0].upper() for q in ctx.captured_queries]
     assert statements.count("INSERT") == 1, statements  # one multi-row INSERT
     assert statements.count("COMMIT") <= 1, statements  # in one transaction
-    assert [created for _row, created in results] == [True] * 5
-    rows = [row for row, _ in results]
+    assert [created for _pk, created in results] == [True] * 5
+    rows = [ParkedMessage.objects.get(pk=pk) for pk, _ in results]
     assert [r.message_id for r in rows] == [f"b{i}" for i in range(5)]
-    assert all(r.pk for r in rows) and seen == [r.pk for r in rows]
+    assert seen == [r.pk for r in rows]
     stored = {r.message_id: bytes(r.body) for r in ParkedMessage.objects.all()}
     assert stored == {f"b{i}": b'{"id": %d}' % i for i in range(5)}
 
@@ -137,14 +137,14 @@ def test_park_many_meeting_a_parked_delivery_keeps_one_row_each():
     # A redelivery after a lost ack: the batch hits an existing key, the rest still lands.
     parking.park(_batch(3)[1], names=Names("p"))
     results = parking.park_many(_batch(3, redelivered=True), names=Names("p"))
-    assert [created for _row, created in results] == [True, False, True]
+    assert [created for _pk, created in results] == [True, False, True]
     assert ParkedMessage.objects.count() == 3
     assert sorted(ParkedMessage.objects.values_list("park_count", flat=True)) == [1, 1, 1]
 
 
 def test_park_many_counts_identical_new_messages_in_one_batch():
     results = parking.park_many([_request(), _request(), _request()], names=Names("p"))
-    assert [created for _row, created in results] == [True, False, False]
+    assert [created for _pk, created in results] == [True, False, False]
     assert ParkedMessage.objects.get().park_count == 3
 
 
@@ -156,7 +156,7 @@ def test_park_many_returns_a_requeued_message_to_its_row():
         properties={"message_id": "m1", "headers": {"p-parked-id": str(row.pk), "p-requeued": 1}},
     )
     results = parking.park_many([back, *_batch(2)], names=Names("p"))
-    assert results[0][0].pk == row.pk and results[0][1] is False
+    assert results[0] == (row.pk, False)
     assert ParkedMessage.objects.count() == 3
     assert ParkedMessage.objects.get(pk=row.pk).park_count == 2
 

@@ -113,7 +113,7 @@ class Handler:
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         if error is not None:
-            return replace(self._after_failure(d, rec, env, message, error), start_key=start_key)
+            return self._after_failure(d, rec, env, message, error, start_key)
         return Ack(start_key=start_key) if start_key is not None else HANDLED
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
@@ -176,14 +176,20 @@ class Handler:
         )
 
     def _after_failure(
-        self, d: Delivery, rec: Receiver, env: Envelope, message: Message, exc: BaseException
+        self,
+        d: Delivery,
+        rec: Receiver,
+        env: Envelope,
+        message: Message,
+        exc: BaseException,
+        start_key: str | None,
     ) -> PublishRetry | StorePark:
         policy = self.policy_for(rec)
         decision = decide(
             env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng
         )
         if isinstance(decision, Park):
-            return self._park(d, rec.name, env, decision, exc=exc)
+            return self._park(d, rec.name, env, decision, exc=exc, start_key=start_key)
         assert isinstance(decision, RetryLater)
         now = self.clock()
         failure = Failure(error_type_name(exc), error_summary(exc, self.error_header_max), now)
@@ -217,6 +223,7 @@ class Handler:
                 "delay": way.delay_ms / 1000,
                 "error": exc,
             },
+            start_key=start_key,
         )
 
     def _park(

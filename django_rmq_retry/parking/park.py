@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -25,6 +25,7 @@ from ..conf import current_names
 from ..core.envelope import Envelope, delivery_digest, read_incoming
 from ..core.names import Names
 from ..models import ParkedMessage, ParkedStatus
+from .bulk import insert_rows
 from .rows import json_safe_headers, properties_json, text_column
 
 logger = logging.getLogger("django_rmq_retry.parking")
@@ -245,37 +246,46 @@ def _requeued_row(p: _Prepared, req: ParkRequest, using: str) -> ParkedMessage |
 
 def park_many(
     reqs: Sequence[ParkRequest], *, names: Names | None = None, using: str = "default"
-) -> list[tuple[ParkedMessage, bool]]:
-    """Park a batch with one multi-row INSERT and one commit; results in ``reqs`` order.
+) -> list[tuple[int, bool]]:
+    """Park a batch with one multi-row INSERT and one commit; (row id, created) in ``reqs``
+    order.
 
     A commit waits for the database's disk, so a consumer that parks a flood of failures one
     commit at a time is bound by fsync, not by work (group commit, as databases do it for
     their own log). The common case, messages parked for the first time, goes in one
-    statement; a batch holding a requeued message's return, or one that meets an existing
-    key (a redelivery after a lost ack, an identical message), is written row by row
-    through :func:`park`, which sorts each case out. Every row is committed when this
-    returns; ``DatabaseError`` means none of the batch may be acked.
+    statement (:func:`.bulk.insert_rows`); a batch holding a requeued message's return, or
+    one that meets an existing key (a redelivery after a lost ack, an identical message),
+    is written row by row through :func:`park`, which sorts each case out. Every row is
+    committed when this returns; ``DatabaseError`` means none of the batch may be acked.
+    No model instance is built unless a ``message_parked`` receiver is connected.
     """
     names = names or current_names()
-    if len(reqs) <= 1:
-        return [park(req, names=names, using=using) for req in reqs]
     prepared = [_prepare(req, names) for req in reqs]
     keys = {p.key for p in prepared}
     if any(p.parked_id for p in prepared) or len(keys) != len(prepared):
-        return [park(req, names=names, using=using) for req in reqs]
+        return _one_by_one(reqs, names, using)
     try:
         with transaction.atomic(using=using):
-            rows = [ParkedMessage(park_key=p.key, history=[p.event], **p.fields) for p in prepared]
-            if connections[using].features.can_return_rows_from_bulk_insert:
-                ParkedMessage.objects.using(using).bulk_create(rows)
-            else:  # the rows need their ids (signals, requeue headers): still one commit
-                for row in rows:
-                    row.save(force_insert=True, using=using)
-            for row, req in zip(rows, reqs, strict=True):
-                _after_park(row, req, True)
+            ids = insert_rows(
+                ParkedMessage,
+                [{"park_key": p.key, "history": [p.event], **p.fields} for p in prepared],
+                using,
+            )
+            if signals.message_parked.has_listeners():
+                for pk, p, req in zip(ids, prepared, reqs, strict=True):
+                    row = ParkedMessage(pk=pk, park_key=p.key, history=[p.event], **p.fields)
+                    _after_park(row, req, True)
     except IntegrityError:
-        return [park(req, names=names, using=using) for req in reqs]
-    return [(row, True) for row in rows]
+        return _one_by_one(reqs, names, using)
+    return [(pk, True) for pk in ids]
+
+
+def _one_by_one(reqs: Sequence[ParkRequest], names: Names, using: str) -> list[tuple[int, bool]]:
+    results = []
+    for req in reqs:
+        row, created = park(req, names=names, using=using)
+        results.append((row.pk, created))
+    return results
 
 
 def stripped_request(req: ParkRequest, refusal: BaseException) -> ParkRequest:
