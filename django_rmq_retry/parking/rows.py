@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.json_columns import (
     headers_from_json,
@@ -11,7 +11,6 @@ from ..core.json_columns import (
     properties_json,
     text_column,
 )
-from ..models import ParkedMessage
 
 __all__ = [
     "headers_from_json",
@@ -22,7 +21,18 @@ __all__ = [
 ]
 
 
-def row_properties(row: ParkedMessage) -> dict[str, Any]:
+class StoredMessage(Protocol):
+    """What a row must hold to be published again (a ``ParkedMessage``, or the tuple a
+    requeue reads)."""
+
+    @property
+    def properties(self) -> dict[str, Any]: ...
+
+    @property
+    def headers(self) -> dict[str, Any]: ...
+
+
+def row_properties(row: StoredMessage) -> dict[str, Any]:
     """The stored message's properties, headers included, exactly as it was parked."""
     props = headers_from_json(row.properties)
     props["headers"] = headers_from_json(row.headers)
