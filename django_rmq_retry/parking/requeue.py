@@ -9,6 +9,7 @@ call :func:`requeue`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -134,12 +135,22 @@ def requeue(
     # caller's transaction: another connection would not see its rows, nor share its locks.
     ahead = not transaction.get_connection(using).in_atomic_block
     feed = _ClaimAhead(claims) if ahead else None
+    # Marks (and releases of refused rows) on a thread of their own too, once the chunk's
+    # confirms are in: the database writes one chunk's marks while the next is published.
+    settle = functools.partial(_settle, token=token, user=user, mode=mode, using=using)
+    marks = _Marks(settle, result) if ahead else None
     try:
         for chunk in feed if feed is not None else claims.chunks():
             result.matched += chunk.matched
             result.skipped += chunk.skipped
             if chunk.rows:
-                _publish_chunk(chunk.rows, token, user, mode, publisher, names, using, result)
+                statuses, lost = _publish(chunk.rows, mode, publisher, names)
+                if marks is not None:
+                    marks.submit(chunk.rows, statuses, lost is not None)
+                else:
+                    settle(chunk.rows, statuses, lost is not None, result)
+                if lost is not None:
+                    raise lost
             if progress:
                 progress(result)
             if deadline is not None and time.monotonic() >= deadline:
@@ -151,6 +162,8 @@ def requeue(
     finally:
         if feed is not None:
             feed.stop()  # no claim is made after this returns
+        if marks is not None:
+            marks.close()  # every confirmed row marked before the release below
         # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us unpublished.
         ParkedMessage.objects.using(using).filter(
             claim_token=token, status=ParkedStatus.REQUEUING
@@ -302,16 +315,50 @@ class _ClaimAhead:
                 self._thread.join(0.05)
 
 
-def _publish_chunk(
-    rows: list[_Stored],
-    token: str,
-    user: str,
-    mode: str,
-    publisher: Any,
-    names: Names,
-    using: str,
-    result: RequeueResult,
-) -> None:
+class _Marks:
+    """Runs ``settle(rows, statuses, lost, result)`` for each published chunk on a thread,
+    in order, at most two chunks behind the publisher. ``close`` waits for the last one and
+    raises what a settle raised (a database error: the rows it did not mark stay claimed,
+    and the caller's release puts them back)."""
+
+    def __init__(
+        self, settle: Callable[[list[_Stored], list[bool], bool, RequeueResult], None], result: Any
+    ) -> None:
+        self._settle = settle
+        self._result = result
+        self._queue: queue.Queue[tuple[list[_Stored], list[bool], bool] | None] = queue.Queue(2)
+        self._error: BaseException | None = None
+        self._thread = start_daemon(self._run, "rmq-requeue-marks")
+
+    def submit(self, rows: list[_Stored], statuses: list[bool], lost: bool) -> None:
+        self._raise()
+        self._queue.put((rows, statuses, lost))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain: nothing more is marked after a failure
+            try:
+                self._settle(*item, self._result)
+            except BaseException as exc:  # raised in the caller's thread
+                self._error = exc
+
+
+def _publish(
+    rows: list[_Stored], mode: str, publisher: Any, names: Names
+) -> tuple[list[bool], PublishError | None]:
+    """Publish a chunk; per row whether the broker confirmed it, and the error that ended
+    the publishing early (the rows after it unconfirmed), if one did."""
     messages = []
     for row in rows:
         exchange, routing_key, target = requeue_target(row, mode, names)
@@ -325,30 +372,42 @@ def _publish_chunk(
             requeue_count=row.requeue_count + 1,
         )
         messages.append((exchange, routing_key, bytes(row.body), props))
-    lost: PublishError | None = None
     try:
-        statuses = publisher.publish_raw_many(messages, window=REQUEUE_WINDOW)
+        return publisher.publish_raw_many(messages, window=REQUEUE_WINDOW), None
     except PublishError as exc:
-        lost = exc
-        statuses = getattr(exc, "statuses", None) or [False] * len(rows)
+        return getattr(exc, "statuses", None) or [False] * len(rows), exc
+
+
+def _settle(
+    rows: list[_Stored],
+    statuses: list[bool],
+    lost: bool,
+    result: RequeueResult,
+    *,
+    token: str,
+    user: str,
+    mode: str,
+    using: str,
+) -> None:
+    """Mark the confirmed rows requeued and give the others back; count the ones the broker
+    refused (not those a lost connection left unconfirmed: the caller raises for them)."""
     done = [row.pk for row, ok in zip(rows, statuses, strict=True) if ok]
-    refused = [row.pk for row, ok in zip(rows, statuses, strict=True) if not ok]
+    refused = [row for row, ok in zip(rows, statuses, strict=True) if not ok]
     if done:
         _mark_requeued(done, token, user, mode, using, result)
     if refused:
-        ParkedMessage.objects.using(using).filter(ids_in(refused, using), claim_token=token).update(
-            status=ParkedStatus.PARKED, claim_token="", claimed_at=None
-        )
-    if lost is not None:
-        raise lost
-    for row, ok in zip(rows, statuses, strict=True):
-        if not ok:
-            result.failed += 1
-            if mode == MODE_TOPIC:
-                text = f"no queue is bound for routing key {row.routing_key!r} (or the broker nacked it)"
-            else:
-                text = f"the broker refused the message for queue {row.queue!r}"
-            result.add_error(f"#{row.pk}: {text}")
+        ParkedMessage.objects.using(using).filter(
+            ids_in([row.pk for row in refused], using), claim_token=token
+        ).update(status=ParkedStatus.PARKED, claim_token="", claimed_at=None)
+    for row in [] if lost else refused:
+        result.failed += 1
+        if mode == MODE_TOPIC:
+            text = (
+                f"no queue is bound for routing key {row.routing_key!r} (or the broker nacked it)"
+            )
+        else:
+            text = f"the broker refused the message for queue {row.queue!r}"
+        result.add_error(f"#{row.pk}: {text}")
 
 
 def _mark_requeued(
