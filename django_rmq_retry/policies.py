@@ -21,8 +21,17 @@ from .registry import Receiver
 logger = logging.getLogger("django_rmq_retry.policies")
 
 
+_default: tuple[object, Policy] | None = None  # (the RETRY mapping it was built from, it)
+
+
 def default_policy() -> Policy:
-    return Policy.from_mapping(app_settings.RETRY)
+    """The ``RETRY`` setting as a policy, built once per settings value (a receiver without
+    a policy of its own asks for it on every failure)."""
+    global _default
+    mapping = app_settings.RETRY  # the same object until the settings change
+    if _default is None or _default[0] is not mapping:
+        _default = (mapping, Policy.from_mapping(mapping))
+    return _default[1]
 
 
 class PolicyCache:

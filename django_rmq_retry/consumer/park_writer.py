@@ -40,6 +40,9 @@ logger = logging.getLogger("django_rmq_retry.consumer")
 
 #: Rows written per commit at most (bounds one statement's size and one rollback's cost).
 MAX_BATCH = 200
+#: Seconds without a row to park after which the thread's connection is checked as at the
+#: end of a request (closed past CONN_MAX_AGE).
+IDLE_AFTER = 1.0
 #: Longest wait between two tries of rows the database refused even stripped.
 HOLD_MAX_DELAY = 10.0
 
@@ -90,7 +93,16 @@ class ParkWriter:
     def _next(self) -> ParkJob | bool | None:
         """The next job, ``None`` to close, or ``False`` when held rows are due first."""
         if not self._held:
-            return self._queue.get()
+            try:
+                return self._queue.get(timeout=IDLE_AFTER)
+            except Empty:
+                # Idle: end of "request" for Django (CONN_MAX_AGE, health checks). Not after
+                # every batch: a flood's batches follow each other within milliseconds, and
+                # each would pay a health-check query, or with CONN_MAX_AGE=0 (Django's
+                # default) a new connection. A connection lost meanwhile is an error
+                # _write retries.
+                close_old_connections()
+                return self._queue.get()
         wait = self._held_due - time.monotonic()
         if wait <= 0 or self._stop.is_set():
             return False
@@ -126,12 +138,6 @@ class ParkWriter:
                 logger.exception("internal error parking %d message(s); releasing them", len(batch))
                 for job in batch:
                     self._on_done(job.token, False)
-            if self._queue.empty():
-                # Idle: end of "request" for Django (CONN_MAX_AGE, health checks). Under a
-                # flood the next batch follows at once on the same connection instead of a
-                # health-check query (or with CONN_MAX_AGE=0 a new connection) per batch;
-                # a connection lost meanwhile is an error _write already retries.
-                close_old_connections()
         self._release_held()
 
     def _release_held(self) -> None:
