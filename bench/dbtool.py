@@ -1,6 +1,7 @@
 """Database-side steps of the requeue benchmark, each run as its own process.
 
-    python -m bench.dbtool seed N TAG        # N parked rows (not timed)
+    python -m bench.dbtool seed N TAG [BYTES]  # N parked rows (not timed), bodies of ~BYTES
+    python -m bench.dbtool sendmany N [BYTES]  # Topic.send_many of N such bodies: JSON result
     python -m bench.dbtool requeue TAG       # parking.requeue() of those rows: JSON result
     python -m bench.dbtool rawrequeue TAG    # the raw twin: SQL + pika with confirms
     python -m bench.dbtool count TABLE       # rows in a table
@@ -31,7 +32,20 @@ def _rss_mb() -> float:
     return vm_hwm_mb()
 
 
-def seed(n: int, tag: str) -> None:
+def _body(i: int, size: int) -> bytes:
+    """A JSON body of about ``size`` bytes (at least the small one), padded with random
+    base64: PostgreSQL's TOAST compression must not make large bodies cheap."""
+    small = {"i": i, "op": "bench"}
+    if size <= 40:
+        return json.dumps(small, separators=(",", ":")).encode()
+    import base64
+    import os
+
+    pad = base64.b64encode(os.urandom(size * 3 // 4)).decode()[: max(0, size - 40)]
+    return json.dumps({**small, "pad": pad}, separators=(",", ":")).encode()
+
+
+def seed(n: int, tag: str, size: int = 0) -> None:
     from django.utils import timezone
 
     from bench.common import queue_name
@@ -45,7 +59,7 @@ def seed(n: int, tag: str) -> None:
     batch = []
     for i in range(n):
         mid = uuid.uuid4().hex
-        body = json.dumps({"i": i, "op": "bench"}, separators=(",", ":")).encode()
+        body = _body(i, size)
         batch.append(
             ParkedMessage(
                 park_key=f"{tag}-{i}",
@@ -72,7 +86,7 @@ def seed(n: int, tag: str) -> None:
                 parked_at=now,
             )
         )
-        if len(batch) >= 2000:
+        if len(batch) >= (2000 if size < 4096 else 100):
             ParkedMessage.objects.bulk_create(batch)
             batch = []
     if batch:
@@ -226,6 +240,19 @@ def outbox(n: int) -> None:
     )
 
 
+def sendmany(n: int, size: int = 0) -> None:
+    """The broker's pace for the same messages: ``Topic.send_many`` of N bodies of ``size``
+    bytes to the requeue target, on a warm connection, in chunks of 10,000."""
+    from bench.benchapp.consumers import requeue_topic
+
+    requeue_topic.send_many([json.loads(_body(-1, size))])  # connect and declare
+    bodies = [json.loads(_body(i, size)) for i in range(n)]
+    t0 = time.perf_counter()
+    for start in range(0, n, 10_000):
+        requeue_topic.send_many(bodies[start : start + 10_000])
+    print(json.dumps({"seconds": time.perf_counter() - t0, "sent": n + 1}))
+
+
 def count(table: str) -> None:
     from django.db import connection
 
@@ -238,7 +265,9 @@ def main(argv: list[str]) -> None:
     _setup()
     cmd, *args = argv
     if cmd == "seed":
-        seed(int(args[0]), args[1])
+        seed(int(args[0]), args[1], int(args[2]) if len(args) > 2 else 0)
+    elif cmd == "sendmany":
+        sendmany(int(args[0]), int(args[1]) if len(args) > 1 else 0)
     elif cmd == "requeue":
         requeue(args[0])
     elif cmd == "rawrequeue":

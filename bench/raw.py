@@ -7,9 +7,12 @@ Run as processes by the benchmarks (no Django here), e.g.::
     python bench/raw.py park QUEUE N PREFETCH MARKFILE DATABASE_URL
     python bench/raw.py multi 2 consume QUEUE N PREFETCH MARKFILE   # 2 processes, N/2 each
     python bench/raw.py cpu QUEUE N PREFETCH MARKFILE   # consume, with bench/cpuwork.burn()
+    python bench/raw.py batched QUEUE N PREFETCH MARKFILE  # consume, acks with multiple=True
 
 Every mode decodes the JSON body and acks each message on its own (``multiple=False``; the
-library's consumer batches plain acks, the twin stays the simple hand-written loop);
+library's consumer batches plain acks, the twin stays the simple hand-written loop), except
+``batched``: one ``multiple=True`` ack per half prefetch window (and for the last message),
+what a hand-tuned consumer does to get the most out of one consumer's prefetch;
 ``retry`` first republishes a copy with a confirm (``BlockingChannel`` waits for it),
 ``park`` first inserts and commits a row. The first delivery writes
 ``<epoch seconds> <pid>`` to MARKFILE.
@@ -106,8 +109,11 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
                 ),
             )
             db.commit()
-        channel.basic_ack(method.delivery_tag)
         count += 1
+        if mode != "batched":
+            channel.basic_ack(method.delivery_tag)
+        elif count % max(1, prefetch // 2) == 0 or count >= n:
+            channel.basic_ack(method.delivery_tag, multiple=True)
         last = time.time()
         if count >= n:
             channel.stop_consuming()
@@ -115,7 +121,7 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
     ch.basic_consume(queue, on_message)
     ch.start_consuming()
     conn.close()
-    if mode in ("consume", "cpu"):
+    if mode in ("consume", "cpu", "batched"):
         with open(mark, "a") as fh:
             fh.write(f"end {last} {os.getpid()} {count}\n")
     if db is not None:
