@@ -11,6 +11,7 @@ message into its queue if bit ``k`` is 1 and straight on to level ``k - 1`` if i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .names import Names
 
@@ -60,7 +61,10 @@ class DelayLevels:
         return min(max(units, 0), self.max_units)
 
     def plan(self, delay_ms: float) -> DelayPlan:
-        units = self.units_for(delay_ms)
+        return self._plan(self.units_for(delay_ms))
+
+    @lru_cache(maxsize=1024)  # noqa: B019 (frozen and hashable; a few distinct delays)
+    def _plan(self, units: int) -> DelayPlan:
         key = ".".join("1" if units >> k & 1 else "0" for k in reversed(range(self.levels)))
         first = units.bit_length() - 1 if units else None
         return DelayPlan(units=units, first_level=first, routing_key=key)
