@@ -101,7 +101,14 @@ def bench_delay(message, **kwargs):
     due = message.headers.get(f"{prefix}-due")
     path = os.environ.get("BENCH_DELAY_FILE")
     if path:
-        line = json.dumps({"delay": message.body["delay"], "due": due, "arrived": now_ms})
+        line = json.dumps(
+            {
+                "i": message.body.get("i"),
+                "delay": message.body["delay"],
+                "due": due,
+                "arrived": now_ms,
+            }
+        )
         with open(path, "a") as fh:
             fh.write(line + "\n")
 
