@@ -15,6 +15,9 @@ for leg in $LEGS; do
 done
 [ -n "${CI:-}" ] && [ "$LEGS" != "sqlite postgres rabbit4 cluster" ] && die "CI runs every leg; unset LEGS"
 leg_on() { [[ " $LEGS " == *" $1 "* ]]; }
+# The slowest tests of each pytest run are listed at its end: what to look at when CI nears
+# its time limit.
+export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=15"
 
 # Per-leg wall times, printed at the end whether the run passed or not.
 TIMINGS=()
