@@ -123,7 +123,7 @@ def load(rows: int, first: int = 1) -> float:
         body, body_size, content_type, properties, headers, reason, reason_detail,
         error_type, error_message, traceback, fingerprint, attempts, first_failure_at,
         last_failure_at, parked_at, park_count, status, status_changed_at,
-        status_changed_by, requeue_count, claim_token, claimed_at, history)
+        status_changed_by, requeue_count, history)
     SELECT
         md5('k' || i), 'shop.receivers.handler_' || (g % {RECEIVERS}),
         'rmq_retry.shop.receivers.handler_' || (g % {RECEIVERS}), 'rmq_retry.work',
@@ -137,7 +137,7 @@ def load(rows: int, first: int = 1) -> float:
         || ({types})[1 + g % 12], ({types})[1 + g % 12] || '@shop/receivers.py:handler_'
         || g, 5, at - interval '5 minutes', at - interval '1 minute', at, 1,
         CASE WHEN g < 2 OR i % 10 < 7 THEN 'parked' WHEN i % 10 < 9 THEN 'requeued'
-        ELSE 'discarded' END, NULL, '', 0, '', NULL, '[]'
+        ELSE 'discarded' END, NULL, '', 0, '[]'
     FROM (
         SELECT i, g, CASE WHEN g = 0 THEN now() - (i % 3600) * interval '1 second'
                           WHEN g = 1 THEN now() - (i % 86400) * interval '1 second'

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -14,12 +16,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_rmq_retry import parking, signals
+from django_rmq_retry.conf import current_names
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.core.names import Names
-from django_rmq_retry.models import ParkedMessage
+from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
 from tests.conftest import read_log
 from tests.testapp.events import work
+
+requeue_module = importlib.import_module("django_rmq_retry.parking.requeue")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -446,3 +451,110 @@ def test_summary_groups_by_receiver_and_failure_group():
         ("ValueError at a.py:f", 3),
         ("KeyError at b.py:g", 1),
     ]
+
+
+# Claims (a requeue run's hold on the rows it publishes) ------------------------------------
+class ConfirmAll:
+    """A publisher whose broker confirms everything (the database side of a requeue)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def publish_raw_many(self, messages, window=0):
+        self.sent.extend(messages)
+        return [True] * len(messages)
+
+
+def _claim(row: ParkedMessage, *, age: float = 0.0, token: str = "other-run") -> None:
+    ParkedClaim.objects.create(
+        parked_id=row.pk, token=token, claimed_at=timezone.now() - timedelta(seconds=age)
+    )
+
+
+def test_a_row_another_run_holds_is_left_to_it_until_its_claim_is_stale():
+    held, free = (parking.park(r, names=Names("p"))[0] for r in _batch(2))
+    _claim(held)
+    publisher = ConfirmAll()
+    result = parking.requeue(ParkedMessage.objects.all(), publisher=publisher)
+    assert (result.requeued, result.skipped) == (1, 1)
+    assert [m[3]["message_id"] for m in publisher.sent] == [free.message_id]
+    assert ParkedMessage.objects.get(pk=held.pk).status == ParkedStatus.PARKED
+    assert list(ParkedClaim.objects.values_list("parked_id", "token")) == [(held.pk, "other-run")]
+    # The other run was killed: once its claim is older than REQUEUE_CLAIM_TIMEOUT, the
+    # next run deletes it and publishes the row.
+    ParkedClaim.objects.update(claimed_at=timezone.now() - timedelta(seconds=301))
+    result = parking.requeue(ParkedMessage.objects.all(), publisher=publisher)
+    assert result.requeued == 1 and ParkedMessage.objects.get(pk=held.pk).status == "requeued"
+    assert not ParkedClaim.objects.exists()  # every claim let go at the end of a run
+
+
+def test_discard_and_purge_leave_a_row_a_requeue_is_publishing():
+    held, _free = (parking.park(r, names=Names("p"))[0] for r in _batch(2))
+    _claim(held)
+    assert parking.discard(ParkedMessage.objects.all()) == 1
+    ParkedMessage.objects.update(parked_at=timezone.now() - timedelta(days=40))
+    statuses = [ParkedStatus.PARKED, ParkedStatus.REQUEUED, ParkedStatus.DISCARDED]
+    assert parking.purge(timedelta(days=30), statuses=statuses) == 1  # the discarded one
+    assert list(ParkedMessage.objects.values_list("pk", "status")) == [(held.pk, "parked")]
+    # The run is gone: once its claim is older than REQUEUE_CLAIM_TIMEOUT, the row is free.
+    ParkedClaim.objects.update(claimed_at=timezone.now() - timedelta(seconds=301))
+    assert parking.discard(ParkedMessage.objects.all()) == 1
+
+
+def test_a_late_mark_leaves_a_row_its_failed_copy_parked_again():
+    """The copy of a requeue fails and parks before the run marks its row: the row is parked
+    (requeue counted once), and the run's mark, arriving after, changes nothing."""
+    names = current_names()
+    row, _ = parking.park(_request(), names=names)
+    _claim(row, token="run")
+    stored = requeue_module._Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
+    headers = {names.header("parked-id"): str(row.pk), names.header("requeued"): 1}
+    back, created = parking.park(
+        _request(attempts=1, properties={"message_id": "m1", "headers": headers}), names=names
+    )
+    assert (back.pk, created) == (row.pk, False)
+    result = parking.RequeueResult()
+    requeue_module._mark_requeued([stored], "run", "", "receiver", "default", result)
+    row.refresh_from_db()
+    assert (row.status, row.requeue_count, row.park_count) == ("parked", 1, 2)
+
+
+@pytest.mark.skipif(
+    not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+    reason="a race between two connections' row locks (SQLite writes one at a time)",
+)
+def test_a_mark_that_waited_for_the_copy_s_parking_leaves_the_row_parked():
+    """Same as above, but the mark's UPDATE starts while the parking holds the row: it waits,
+    then finds the row changed. PostgreSQL checks the row's own columns again on its newest
+    version, not the claim (read from the statement's snapshot): the requeue count decides."""
+    names = current_names()
+    row, _ = parking.park(_request(), names=names)
+    _claim(row, token="run")
+    stored = requeue_module._Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
+    headers = {names.header("parked-id"): str(row.pk), names.header("requeued"): 1}
+    locked, go = threading.Event(), threading.Event()
+
+    def parking_thread() -> None:
+        from django.db import connections, transaction
+
+        try:
+            with transaction.atomic():
+                ParkedMessage.objects.select_for_update().get(pk=row.pk)
+                locked.set()
+                go.wait(10)
+                parking.park(
+                    _request(attempts=1, properties={"message_id": "m1", "headers": headers}),
+                    names=names,
+                )
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=parking_thread)
+    t.start()
+    assert locked.wait(10)
+    threading.Timer(1.0, go.set).start()  # the mark below is waiting on the row by then
+    result = parking.RequeueResult()
+    requeue_module._mark_requeued([stored], "run", "", "receiver", "default", result)
+    t.join()
+    row.refresh_from_db()
+    assert (row.status, row.requeue_count, row.park_count) == ("parked", 1, 2)

@@ -24,7 +24,7 @@ from .. import signals
 from ..conf import current_names
 from ..core.envelope import Envelope, delivery_digest, read_incoming
 from ..core.names import Names
-from ..models import ParkedMessage, ParkedStatus
+from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from .bulk import insert_rows
 from .rows import json_safe_headers, properties_json, text_column
 
@@ -201,10 +201,10 @@ def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, b
     row.status = str(ParkedStatus.PARKED)
     row.status_changed_at = p.now
     row.status_changed_by = ""
-    row.claim_token = ""
-    row.claimed_at = None
-    # A copy that failed before its requeue marked the row (status still *requeuing*):
-    # the requeue happened, so it counts; the requeue's late mark no longer matches.
+    # A copy that failed before its requeue marked the row (still parked, claimed): the
+    # requeue happened, so it counts; its claim goes, so the requeue's late mark (made
+    # only while the claim holds) leaves the row parked.
+    ParkedClaim.objects.using(using).filter(parked_id=row.pk).delete()
     row.requeue_count = max(row.requeue_count, p.requeued)
     row.park_count = row.park_count + 1
     row.history = [*(row.history or []), p.event][-50:]
@@ -236,11 +236,13 @@ def _requeued_row(p: _Prepared, req: ParkRequest, using: str) -> ParkedMessage |
     ):
         return None
     requeued = p.requeued
-    if not (
-        (row.status == ParkedStatus.REQUEUED and row.requeue_count == requeued)
-        or (row.status == ParkedStatus.REQUEUING and row.requeue_count + 1 == requeued)
-    ):
+    if row.status == ParkedStatus.REQUEUED:
+        if row.requeue_count != requeued:
+            return None
+    elif row.status != ParkedStatus.PARKED or row.requeue_count + 1 != requeued:
         return None
+    elif not ParkedClaim.objects.using(using).filter(parked_id=row.pk).exists():
+        return None  # parked and not being requeued: no requeue sent this copy
     return row if bytes(row.body) == req.body else None
 
 

@@ -1,15 +1,16 @@
 """Requeue: put parked messages back to work, each exactly once.
 
-Rows are claimed with a conditional UPDATE (PostgreSQL adds ``FOR UPDATE SKIP LOCKED``),
-published with confirms, and marked requeued only after the broker confirmed them. Two
-operators, or a double click, never requeue a row twice; an interrupted run releases its
-unpublished claims so a rerun skips nothing. The admin and ``manage.py rmq_requeue`` both
+Rows are claimed (a ``ParkedClaim`` row each: the first run to insert it holds the row),
+published with confirms, and marked requeued only after the broker confirmed them and only
+while the claim holds. Two operators, or a double click, never requeue a row twice; an
+interrupted run releases its claims so a rerun skips nothing. The admin and ``manage.py rmq_requeue`` both
 call :func:`requeue`.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import queue
 import threading
@@ -17,11 +18,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, NamedTuple, Protocol
 
-from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db import connections, transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from .. import signals
@@ -29,7 +30,7 @@ from ..conf import app_settings, current_names
 from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
 from ..core.names import Names
-from ..models import ParkedMessage, ParkedStatus
+from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from ..publishing import get_publisher
 from ..threads import start_daemon
 from .bulk import ids_in
@@ -71,20 +72,46 @@ def requeue_target(row: _Target, mode: str, names: Names) -> tuple[str, str, str
     return names.deliver_exchange, "", row.queue
 
 
-def _claim(ids: list[int], token: str, stale_before: datetime, using: str) -> int:
-    claimable = Q(status=ParkedStatus.PARKED) | Q(
-        status=ParkedStatus.REQUEUING, claimed_at__lt=stale_before
-    )
-    manager = ParkedMessage.objects.using(using)
-    with transaction.atomic(using=using):
-        qs = manager.filter(claimable, ids_in(ids, using))
-        if transaction.get_connection(using).features.has_select_for_update_skip_locked:
-            # One statement: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED).
-            locked = qs.order_by().select_for_update(skip_locked=True).values("pk")
-            qs = manager.filter(claimable, pk__in=locked)
-        return qs.update(
-            status=ParkedStatus.REQUEUING, claim_token=token, claimed_at=timezone.now()
+def _claim(ids: list[int], token: str, using: str) -> list[int]:
+    """Claim the rows ``ids`` for the run ``token``; the ids it got (a row another run holds
+    is not taken: the claims' primary key refuses a second claim)."""
+    connection = connections[using]
+    at = timezone.now()
+    now = connection.ops.adapt_datetimefield_value(at)
+    table = connection.ops.quote_name(ParkedClaim._meta.db_table)
+    insert = f"INSERT INTO {table} (parked_id, token, claimed_at) "
+    returning = " ON CONFLICT (parked_id) DO NOTHING RETURNING parked_id"
+    if connection.vendor == "postgresql":
+        sql, params = insert + "SELECT unnest(%s::bigint[]), %s, %s" + returning, [ids, token, now]
+    elif connection.vendor == "sqlite" and connection.features.can_return_rows_from_bulk_insert:
+        sql = insert + "SELECT value, %s, %s FROM json_each(%s) WHERE true" + returning
+        params = [token, now, json.dumps(ids)]
+    else:  # one statement to insert, one to read back what was ours
+        claims = ParkedClaim.objects.using(using)
+        claims.bulk_create(
+            [ParkedClaim(parked_id=pk, token=token, claimed_at=at) for pk in ids],
+            ignore_conflicts=True,
         )
+        return list(claims.filter(ids_in(ids, using), token=token).values_list("pk", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def being_requeued(using: str) -> Exists:
+    """Whether a parked row is claimed by a requeue run still in time (for ``exclude``):
+    discard and purge leave such rows to the run."""
+    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
+    return Exists(
+        ParkedClaim.objects.using(using).filter(
+            parked_id=OuterRef("pk"), claimed_at__gte=stale_before
+        )
+    )
+
+
+def _held_by(token: str, using: str) -> Exists:
+    """Whether a parked row is still claimed by the run ``token`` (for ``filter``)."""
+    return Exists(ParkedClaim.objects.using(using).filter(parked_id=OuterRef("pk"), token=token))
 
 
 def requeue(
@@ -119,17 +146,16 @@ def requeue(
     batch_size = batch_size or int(app_settings.BATCH_SIZE)
     using = queryset.db
     result = RequeueResult()
-    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
-    candidates = queryset.filter(
-        Q(status=ParkedStatus.PARKED)
-        | Q(status=ParkedStatus.REQUEUING, claimed_at__lt=stale_before)
-    ).order_by("pk")
+    candidates = queryset.filter(status=ParkedStatus.PARKED).order_by("pk")
     if dry_run:
         result.matched = candidates.count() if limit is None else min(limit, candidates.count())
         return result
     publisher = publisher or get_publisher()
     token = uuid.uuid4().hex
-    claims = _Claims(candidates, token, stale_before, using, batch_size, limit)
+    # A claim older than the timeout belongs to a run that was killed: it no longer holds.
+    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
+    ParkedClaim.objects.using(using).filter(claimed_at__lt=stale_before).delete()
+    claims = _Claims(candidates, token, using, batch_size, limit)
     # Claim and load the next batch on a thread of its own while this one is published: the
     # database work and the broker's confirms overlap instead of taking turns. Not inside a
     # caller's transaction: another connection would not see its rows, nor share its locks.
@@ -164,10 +190,9 @@ def requeue(
             feed.stop()  # no claim is made after this returns
         if marks is not None:
             marks.close()  # every confirmed row marked before the release below
-        # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us unpublished.
-        ParkedMessage.objects.using(using).filter(
-            claim_token=token, status=ParkedStatus.REQUEUING
-        ).update(status=ParkedStatus.PARKED, claim_token="", claimed_at=None)
+        # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us: the rows
+        # marked are requeued, the others parked and free for the next run.
+        ParkedClaim.objects.using(using).filter(token=token).delete()
     return result
 
 
@@ -207,7 +232,6 @@ class _Claims:
 
     candidates: QuerySet[ParkedMessage]
     token: str
-    stale_before: datetime
     using: str
     batch_size: int
     limit: int | None
@@ -225,16 +249,16 @@ class _Claims:
             if not ids:
                 return
             last_pk = ids[-1]
-            claimed = _claim(ids, self.token, self.stale_before, self.using)
-            claimed_total += claimed
-            first = _Chunk([], matched=len(ids), skipped=len(ids) - claimed)
+            claimed = _claim(ids, self.token, self.using)
+            claimed_total += len(claimed)
+            first = _Chunk([], matched=len(ids), skipped=len(ids) - len(claimed))
             if not claimed:
                 yield first
                 continue
-            yield from self._load(ids, first)
+            yield from self._load(claimed, first)
 
     def _load(self, ids: list[int], first: _Chunk) -> Iterator[_Chunk]:
-        """The rows this run claimed among ``ids``, in chunks of bounded bytes.
+        """The rows this run claimed (``ids``) still parked, in chunks of bounded bytes.
 
         Ids and body sizes first, then each chunk's rows by primary key, read to the end
         before it is handed on: memory holds a chunk's bodies, never a fetch's worth (200
@@ -242,13 +266,10 @@ class _Claims:
         published (on SQLite an open cursor blocks the requeue's own marks).
         """
         manager = ParkedMessage.objects.using(self.using)
+        # Still parked: between the candidates' read and the claim another run may have
+        # requeued a row and let go of its claim (the claim no longer told us it was taken).
         sizes = list(
-            manager.filter(
-                claim_token=self.token,
-                status=ParkedStatus.REQUEUING,
-                pk__gte=ids[0],
-                pk__lte=ids[-1],
-            )
+            manager.filter(ids_in(ids, self.using), status=ParkedStatus.PARKED)
             .order_by("pk")
             .values_list("pk", "body_size")
         )
@@ -391,14 +412,14 @@ def _settle(
 ) -> None:
     """Mark the confirmed rows requeued and give the others back; count the ones the broker
     refused (not those a lost connection left unconfirmed: the caller raises for them)."""
-    done = [row.pk for row, ok in zip(rows, statuses, strict=True) if ok]
+    done = [row for row, ok in zip(rows, statuses, strict=True) if ok]
     refused = [row for row, ok in zip(rows, statuses, strict=True) if not ok]
     if done:
         _mark_requeued(done, token, user, mode, using, result)
-    if refused:
-        ParkedMessage.objects.using(using).filter(
-            ids_in([row.pk for row in refused], using), claim_token=token
-        ).update(status=ParkedStatus.PARKED, claim_token="", claimed_at=None)
+    if refused:  # free for the next run
+        ParkedClaim.objects.using(using).filter(
+            ids_in([row.pk for row in refused], using), token=token
+        ).delete()
     for row in [] if lost else refused:
         result.failed += 1
         if mode == MODE_TOPIC:
@@ -411,19 +432,35 @@ def _settle(
 
 
 def _mark_requeued(
-    ids: list[int], token: str, user: str, mode: str, using: str, result: RequeueResult
+    rows: list[_Stored], token: str, user: str, mode: str, using: str, result: RequeueResult
 ) -> None:
+    """Mark ``rows`` requeued, each only if it is as the run read it: still parked, still
+    claimed by this run, requeued as many times as then.
+
+    A copy that failed before this mark re-parked its row, counted the requeue and took the
+    claim away (``parking.park``); a claim older than the timeout may be another run's by
+    now. The requeue count is the condition that holds under a race: the row's own column,
+    which PostgreSQL checks again on the row's newest version when this UPDATE had to wait
+    for the re-parking (the claim's EXISTS is read from the statement's snapshot).
+    """
     now = timezone.now()
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        ParkedMessage.objects.using(using).filter(ids_in(chunk, using), claim_token=token).update(
-            status=ParkedStatus.REQUEUED,
-            status_changed_at=now,
-            status_changed_by=user[:150],
-            requeue_count=F("requeue_count") + 1,
-            claim_token="",
-            claimed_at=None,
-        )
+    by_count: dict[int, list[int]] = {}
+    for row in rows:
+        by_count.setdefault(row.requeue_count, []).append(row.pk)
+    for count, ids in by_count.items():
+        for start in range(0, len(ids), 500):
+            ParkedMessage.objects.using(using).filter(
+                ids_in(ids[start : start + 500], using),
+                _held_by(token, using),
+                status=ParkedStatus.PARKED,
+                requeue_count=count,
+            ).update(
+                status=ParkedStatus.REQUEUED,
+                status_changed_at=now,
+                status_changed_by=user[:150],
+                requeue_count=count + 1,
+            )
+    ids = [row.pk for row in rows]
     result.requeued += len(ids)
     if len(result.requeued_ids) < 1000:
         result.requeued_ids.extend(ids[: 1000 - len(result.requeued_ids)])

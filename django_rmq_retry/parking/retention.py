@@ -16,6 +16,7 @@ from ..batches import delete_in_batches
 from ..conf import app_settings
 from ..models import ParkedGroupCount, ParkedMessage, ParkedStatus
 from .group_counts import counts_kept
+from .requeue import being_requeued
 
 
 def discard(
@@ -25,7 +26,11 @@ def discard(
     batch_size = batch_size or int(app_settings.BATCH_SIZE)
     total = 0
     last_pk = 0
-    base = queryset.filter(status=ParkedStatus.PARKED).order_by("pk")
+    base = (
+        queryset.filter(status=ParkedStatus.PARKED)
+        .exclude(being_requeued(queryset.db))
+        .order_by("pk")
+    )
     while True:
         ids = list(base.filter(pk__gt=last_pk).values_list("pk", flat=True)[:batch_size])
         if not ids:
@@ -34,6 +39,7 @@ def discard(
         changed = (
             ParkedMessage.objects.using(queryset.db)
             .filter(pk__in=ids, status=ParkedStatus.PARKED)
+            .exclude(being_requeued(queryset.db))
             .update(
                 status=ParkedStatus.DISCARDED,
                 status_changed_at=timezone.now(),
@@ -59,7 +65,10 @@ def purge(
     """Delete rows parked before now - ``older_than`` with one of ``statuses``, in batches."""
     batch_size = batch_size or int(app_settings.BATCH_SIZE)
     cutoff = timezone.now() - older_than
-    qs = ParkedMessage.objects.using(using).filter(parked_at__lt=cutoff, status__in=list(statuses))
+    wanted = [str(status) for status in statuses]
+    qs = ParkedMessage.objects.using(using).filter(parked_at__lt=cutoff, status__in=wanted)
+    if str(ParkedStatus.PARKED) in wanted:  # a row a requeue is publishing stays for its mark
+        qs = qs.exclude(being_requeued(using))
     return qs.count() if dry_run else delete_in_batches(qs, batch_size)
 
 
