@@ -8,6 +8,7 @@ Run as processes by the benchmarks (no Django here), e.g.::
     python bench/raw.py multi 2 consume QUEUE N PREFETCH MARKFILE   # 2 processes, N/2 each
     python bench/raw.py cpu QUEUE N PREFETCH MARKFILE   # consume, with bench/cpuwork.burn()
     python bench/raw.py batched QUEUE N PREFETCH MARKFILE  # consume, acks with multiple=True
+    python bench/raw.py retryonce QUEUE N PREFETCH MARKFILE DELAY_QUEUE TIMESFILE
 
 Every mode decodes the JSON body and acks each message on its own (``multiple=False``; the
 library's consumer batches plain acks, the twin stays the simple hand-written loop), except
@@ -16,6 +17,14 @@ what a hand-tuned consumer does to get the most out of one consumer's prefetch;
 ``retry`` first republishes a copy with a confirm (``BlockingChannel`` waits for it),
 ``park`` first inserts and commits a row. The first delivery writes
 ``<epoch seconds> <pid>`` to MARKFILE.
+
+``retryonce`` (the peers group, ``bench/peers``) is the naive delayed retry a user writes by
+hand: the first attempt of each message fails and a copy is published, with a confirm, into
+ONE delay queue with a per-message TTL (``expiration`` = the body's ``delay``), which
+dead-letters back to QUEUE; the original is then acked. The second attempt succeeds; it stops
+after N successes and writes MARKFILE and TIMESFILE as ``bench/peers/record.py`` says.
+RabbitMQ expires only the message at the head of a queue, so a short delay waits behind a
+longer one published before it (head-of-line blocking): the pattern ours replaces.
 """
 
 from __future__ import annotations
@@ -128,6 +137,45 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
         db.close()
 
 
+def retry_once(queue: str, n: int, prefetch: int, mark: str, delay_queue: str, times: str) -> None:
+    from bench.peers.record import Recorder
+
+    rec = Recorder(mark, times)
+    conn = pika.BlockingConnection(pika.URLParameters(URL))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=prefetch)
+    pub = conn.channel()
+    pub.confirm_delivery()
+
+    def on_message(channel: Any, method: Any, props: Any, body: bytes) -> None:
+        rec.first()
+        data = json.loads(body)
+        headers = dict(props.headers or {})
+        if "raw-attempt" not in headers:
+            rec.failed(data["i"])
+            headers.update({"raw-attempt": 2, "raw-error": "first attempt fails"})
+            copy = pika.BasicProperties(
+                content_type=props.content_type,
+                delivery_mode=2,
+                message_id=props.message_id,
+                timestamp=props.timestamp,
+                headers=headers,
+                expiration=str(round(float(data["delay"]) * 1000)),
+            )
+            pub.basic_publish("", delay_queue, body, copy, mandatory=True)  # waits for the confirm
+            channel.basic_ack(method.delivery_tag)
+            return
+        done = rec.ok(data["i"]) >= n
+        channel.basic_ack(method.delivery_tag)
+        if done:
+            channel.stop_consuming()
+
+    ch.basic_consume(queue, on_message)
+    ch.start_consuming()
+    conn.close()
+    rec.finish()
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "multi":  # multi P MODE QUEUE N ...: P processes, N/P messages each
         import subprocess
@@ -140,6 +188,9 @@ def main(argv: list[str]) -> None:
         ]
         sys.exit(max(abs(c.wait()) for c in children))
     mode, queue, n, prefetch, mark, *rest = argv
+    if mode == "retryonce":
+        retry_once(queue, int(n), int(prefetch), mark, rest[0], rest[1])
+        return
     consume(mode, queue, int(n), int(prefetch), mark, rest[0] if rest else "")
 
 

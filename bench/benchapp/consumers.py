@@ -122,3 +122,45 @@ def bench_park(message, **kwargs):
 @receiver(requeue_topic)
 def bench_requeue(message, **kwargs):
     """Target queue of the requeue benchmark; never consumed by the benchmark."""
+
+
+# The peers group (bench/peers, issue #14) ---------------------------------------------
+peer_retry_topic = Topic("bench.peerretry")
+_peer_recorder = None
+
+
+def _peer_record():
+    """The peers group's bookkeeping (``bench/peers/record.py``): ``BENCH_MARK_FILE`` and
+    ``BENCH_TIMES_FILE``, written at exit."""
+    global _peer_recorder
+    if _peer_recorder is None:
+        from bench.peers.record import Recorder
+
+        _peer_recorder = Recorder(
+            os.environ.get("BENCH_MARK_FILE"), os.environ.get("BENCH_TIMES_FILE")
+        )
+        atexit.register(_peer_recorder.finish)
+    return _peer_recorder
+
+
+@receiver(
+    peer_retry_topic,
+    retry={
+        "max_attempts": 3,
+        "initial_delay": 1.0,
+        "multiplier": 1.0,
+        "max_delay": 60.0,
+        "jitter": "none",
+    },
+)
+def bench_peer_retry(message, **kwargs):
+    """Attempt 1 asks for a retry after ``body['delay']`` seconds; attempt 2 succeeds. The
+    time of each is recorded: the peers group compares the lateness of the retries and the
+    completion time with Dramatiq's, Celery's and the raw twin's."""
+    rec = _peer_record()
+    rec.first()
+    i = message.body["i"]
+    if message.attempt == 1:
+        rec.failed(i)
+        raise Retry(delay=float(message.body["delay"]))
+    rec.ok(i)
