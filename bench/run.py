@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick    # smaller counts and shorter delays
     .venv/bin/python bench/run.py happy delay   # only these scenarios
 
-Scenarios: happy, publishing, retry, delay, parking, requeue, growth. Needs RabbitMQ
+Scenarios: happy, publishing, retry, delay, parking, requeue, growth, peers. Needs RabbitMQ
 (RMQ_URL) and, for parking/requeue on PostgreSQL, a server at BENCH_PG_URL (an admin URL;
 the run creates and drops its own database). Every run uses a fresh prefix and deletes its
 queues, exchanges, database and files at the end, also when it fails.
@@ -23,7 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, Run, machine, setup_django, table
 
-ORDER = ["happy", "publishing", "retry", "delay", "parking", "requeue", "outbox", "growth"]
+ORDER = [
+    "happy",
+    "publishing",
+    "retry",
+    "delay",
+    "parking",
+    "requeue",
+    "outbox",
+    "growth",
+    "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         setup_django(run)
+        from bench.peers.scenario import peers
         from bench.scenarios import SCENARIOS
 
+        scenarios = {**SCENARIOS, "peers": peers}  # bench/peers: optional peers, last
         for name in ORDER:
             if name not in wanted:
                 continue
@@ -48,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             got = None
             for attempt in (1, 2, 3):
                 try:
-                    got = SCENARIOS[name](run)
+                    got = scenarios[name](run)
                     break
                 except Exception:
                     traceback.print_exc()

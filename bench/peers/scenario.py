@@ -1,0 +1,411 @@
+"""The ``peers`` scenario: ours, Dramatiq and Celery doing the same work on the same broker in
+the same run, each as a ratio to the same raw-pika twin (``bench/raw.py``).
+
+Three measurements, every worker one process with prefetch ``PREFETCH`` (20), timed from its
+first call to its last success (``bench/peers/record.py``), start-up excluded:
+
+a. consume + ack, no-op: N messages pre-published into each system's queue; rounds with the
+   order of the four rotating, the median kept.
+b. retry once after 1 s: every message fails its first attempt, asks for a retry after 1 s
+   and succeeds on the second; completion time (first call → last success) as msg/s, and the
+   retries' lateness (second attempt − first failure − 1 s), pooled over the rounds.
+c. head-of-line: one message retried after 30 s (``--quick``: 10 s) fails first, then 100
+   messages retried after 1 s; the 1 s retries' lateness. The raw twin is the naive single
+   delay queue (per-message TTL, dead-lettered back), which blocks them behind the long one.
+
+In the table a peer's figure stands in the first value column ("ours"), with the system named
+in the figure; the raw column is always the raw twin of the same rows, and the target column
+says whether ours was ahead of that peer ("ours ≥ it" for throughput, "ours ≤ it" for
+lateness). Each round checks the work: every system's call count, every message's first
+failure and success, and every queue (delay queues included) empty afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    BROKER_URL,
+    Row,
+    Run,
+    Timed,
+    declare_raw_queue,
+    publish_bodies,
+    queue_name,
+    raw_cmd,
+    run_timed,
+    wait_depth,
+)
+from bench.scenarios import PREFETCH, ensure_empty, ours_consume, raw_consume
+
+SKIPPED = "peers (Dramatiq, Celery): skipped: pip install --group peers"
+# The order of the first round (then rotated). "celery" runs the solo pool, "celerythreads" the
+# threads pool with one thread: the fastest pool for a no-op task is solo, but the two differ
+# much on retries (bench/README.md), so both are shown.
+SYSTEMS = ["ours", "dramatiq", "celery", "celerythreads", "raw"]
+PEERS = ["dramatiq", "celery", "celerythreads"]
+MODULE = {"dramatiq": "dramatiq", "celery": "celery", "celerythreads": "celery"}
+POOL = {"celery": "solo", "celerythreads": "threads"}
+
+
+def installed() -> bool:
+    try:
+        import celery  # noqa: F401
+        import dramatiq  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Peers:
+    """Queue names of this run's peers and everything they create on the broker."""
+
+    def __init__(self, run: Run) -> None:
+        from bench.peers import celery_side, dramatiq_side
+
+        self.run = run
+        self.dramatiq = dramatiq_side
+        self.celery = celery_side
+        self.base = f"{run.prefix}.peers"
+        self.queues: list[str] = []
+        self.exchanges: list[str] = []
+        celery = f"Celery {metadata.version('celery')}"
+        self.label = {
+            "ours": "ours",
+            "dramatiq": f"Dramatiq {metadata.version('dramatiq')}",
+            "celery": f"{celery} solo",
+            "celerythreads": f"{celery} threads",
+        }
+
+    def module(self, side: str) -> Any:
+        return self.dramatiq if MODULE[side] == "dramatiq" else self.celery
+
+    def queue(self, side: str, mode: str) -> str:
+        """The work queue of ``side`` for ``mode``; remembers every broker object it implies."""
+        name = f"{self.base}.{side}.{mode}"
+        for q in self.all_queues(side, name):
+            if q not in self.queues:
+                self.queues.append(q)
+                self.run.extra_queues.add(q)  # Run.cleanup deletes them too, whatever happens
+        if MODULE.get(side) == "celery" and self.celery.exchange_for(name) not in self.exchanges:
+            self.exchanges.append(self.celery.exchange_for(name))
+        return name
+
+    def all_queues(self, side: str, name: str) -> list[str]:
+        return self.dramatiq.queues(name) if MODULE.get(side) == "dramatiq" else [name]
+
+    def publish(self, side: str, mode: str, name: str, delays: dict[int, float | None]) -> None:
+        self.module(side).publish(mode, name, list(delays.items()))
+
+    def consume(self, side: str, mode: str, name: str, n: int, times: Path | None = None) -> Timed:
+        mark = self.run.path("mark")
+        mark.touch()
+        cmd = [sys.executable, "-m", f"bench.peers.{MODULE[side]}_side", mode, name, str(n)]
+        cmd += [str(PREFETCH), str(mark)] + ([str(times)] if times else [])
+        env = self.run.env()
+        env.pop("DJANGO_SETTINGS_MODULE", None)  # the peers run as plain Python programs
+        if side in POOL:
+            env["BENCH_CELERY_POOL"] = POOL[side]
+        return run_timed(cmd, env, mark, self.run.path(f"{side}-{mode}.log"), 900)
+
+    def cleanup(self) -> None:
+        import pika
+
+        conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        ch = conn.channel()
+        for name in self.queues:
+            try:
+                ch.queue_delete(name)
+            except Exception:
+                ch = conn.channel()
+        for name in self.exchanges:
+            try:
+                ch.exchange_delete(name)
+            except Exception:
+                ch = conn.channel()
+        conn.close()
+
+
+def rotated(rnd: int) -> list[str]:
+    k = rnd % len(SYSTEMS)
+    return SYSTEMS[k:] + SYSTEMS[:k]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def publish_ours(routing_key: str, delays: dict[int, float | None]) -> None:
+    """Publish ``{"i": i, "op": "bench", "delay": d}`` in order of ``i`` (runs of one delay
+    at a time: ``publish_bodies`` confirms each batch before the next, so the order holds)."""
+    items = sorted(delays.items())
+    start = 0
+    while start < len(items):
+        stop = start
+        while stop < len(items) and items[stop][1] == items[start][1]:
+            stop += 1
+        extra: dict[str, Any] = {} if items[start][1] is None else {"delay": items[start][1]}
+        publish_bodies(routing_key, stop - start, start=items[start][0], **extra)
+        start = stop
+
+
+def lateness(
+    times: Path, delays: dict[int, float | None], label: str, first: int | None = None
+) -> dict[int, float]:
+    """Per message: second attempt − first failure − requested delay, in ms (checked: every
+    message failed once and succeeded once, and message ``first``, if given, failed first)."""
+    data = json.loads(times.read_text())
+    fails = {int(k): v for k, v in data["fail"].items()}
+    oks = {int(k): v for k, v in data["ok"].items()}
+    if set(fails) != set(delays) or set(oks) != set(delays):
+        raise RuntimeError(
+            f"{label}: {len(fails)} first failures and {len(oks)} successes recorded for "
+            f"{len(delays)} messages"
+        )
+    earliest = min(fails, key=fails.__getitem__)
+    if first is not None and earliest != first:
+        raise RuntimeError(f"{label}: message {earliest} failed first, not {first}")
+    return {i: (oks[i] - fails[i] - (delays[i] or 0.0)) * 1000 for i in delays}
+
+
+# a. consume + ack ------------------------------------------------------------------------
+CONFIG = {
+    "ours": "rmq_consume, 1 thread",
+    "dramatiq": "RabbitmqBroker(confirm_delivery=True), 1 process × 1 thread",
+    "celery": "solo pool, acks_late, multiplier 20 × 1, confirm_publish",
+    "celerythreads": "threads pool × 1, acks_late, multiplier 20 × 1, confirm_publish",
+}
+
+
+def consume_rows(run: Run, peers: Peers) -> list[Row]:
+    n = 5_000 if run.quick else 20_000
+    rounds = 3
+    queues = {
+        "ours": queue_name("bench_noop"),
+        "raw": declare_raw_queue(run, "happynoop", "bench.rawnoop"),
+        **{side: peers.queue(side, "noop") for side in PEERS},
+    }
+
+    def step(key: str) -> Timed:
+        if key == "ours":
+            return ours_consume(run, "bench_noop", n)
+        if key == "raw":
+            return raw_consume(run, "consume", queues["raw"], n)
+        return peers.consume(key, "noop", queues[key], n)
+
+    seconds: dict[str, list[float]] = {k: [] for k in SYSTEMS}
+    delays: dict[int, float | None] = dict.fromkeys(range(n))
+    for rnd in range(rounds):
+        publish_bodies("bench.noop", n)
+        publish_bodies("bench.rawnoop", n)
+        for side in PEERS:
+            peers.publish(side, "noop", queues[side], delays)
+        for q in queues.values():
+            wait_depth(q, n)
+        for key in rotated(rnd):
+            t = step(key)
+            if t.calls != n:
+                raise RuntimeError(f"{key}: {t.calls} calls for {n} messages")
+            seconds[key].append(t.seconds)
+        progress(f"round {rnd + 1}", {k: f"{n / v[-1]:,.0f} msg/s" for k, v in seconds.items()})
+        ensure_empty(*(q for side, name in queues.items() for q in peers.all_queues(side, name)))
+    rate = {k: n / statistics.median(v) for k, v in seconds.items()}
+    figure = f"peers a. consume + ack, no-op, {n:,} msgs, prefetch {PREFETCH}, median of {rounds}"
+    return [
+        Row(
+            f"{figure}: {peers.label[key]}",
+            rate[key],
+            rate["raw"],
+            "msg/s",
+            "ours ≥ it" if key != "ours" else "",
+            rate["ours"] >= rate[key] if key != "ours" else None,
+            note=CONFIG[key],
+        )
+        for key in ("ours", *PEERS)
+    ]
+
+
+def progress(label: str, values: dict[str, str]) -> None:
+    text = ", ".join(f"{k} {v}" for k, v in values.items())
+    print(f"    peers {label}: {text}", file=sys.stderr, flush=True)
+
+
+# b. and c. retries -----------------------------------------------------------------------
+class RetryRound:
+    """Each system's retry run: publish, consume, check, lateness per message."""
+
+    def __init__(self, run: Run, peers: Peers) -> None:
+        from django_rmq_retry.conf import current_plan
+        from django_rmq_retry.registry import default_registry
+
+        self.run = run
+        self.peers = peers
+        self.ours_delay = [
+            q.name for q in current_plan(default_registry.all()).queues if ".delay." in q.name
+        ]
+        raw_q = declare_raw_queue(run, "peerretry", "bench.rawpeerretry")
+        self.raw_delay = declare_raw_queue(
+            run,
+            "peerretrydelay",
+            None,
+            **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": raw_q},
+        )
+        self.queues = {
+            "ours": queue_name("bench_peer_retry"),
+            "raw": raw_q,
+            **{side: peers.queue(side, "retry") for side in PEERS},
+        }
+
+    def publish(self, delays: dict[int, float | None]) -> None:
+        publish_ours("bench.peerretry", delays)
+        publish_ours("bench.rawpeerretry", delays)
+        for side in PEERS:
+            self.peers.publish(side, "retry", self.queues[side], delays)
+        for q in self.queues.values():
+            wait_depth(q, len(delays))
+
+    def consume(
+        self, key: str, delays: dict[int, float | None], first: int | None = None
+    ) -> tuple[Timed, dict[int, float]]:
+        n = len(delays)
+        times = self.run.path(f"{key}-times.json")
+        if key == "ours":
+            t = ours_consume(
+                self.run, "bench_peer_retry", 2 * n, timeout=900, BENCH_TIMES_FILE=str(times)
+            )
+        elif key == "raw":
+            mark = self.run.path("mark")
+            mark.touch()
+            q = self.queues["raw"]
+            cmd = raw_cmd("retryonce", q, n, PREFETCH, mark, self.raw_delay, times)
+            t = run_timed(cmd, self.run.env(), mark, self.run.path("raw-retryonce.log"), 900)
+        else:
+            t = self.peers.consume(key, "retry", self.queues[key], n, times)
+        if t.calls != n:
+            raise RuntimeError(f"{key}: {t.calls} successes for {n} messages")
+        return t, lateness(times, delays, key, first)
+
+    def check_empty(self) -> None:
+        ensure_empty(
+            *self.ours_delay,
+            self.raw_delay,
+            *(q for side, name in self.queues.items() for q in self.peers.all_queues(side, name)),
+        )
+
+
+HOW = {
+    "ours": "delay levels: TTL queues in RabbitMQ, the worker holds nothing",
+    "dramatiq": "held unacked in worker memory (from <queue>.DQ) until due, then re-published",
+    "celery": "eta message held unacked in worker memory on a timer",
+    "celerythreads": "eta message held unacked in worker memory on a timer",
+}
+
+
+def retry_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
+    n = 1_000 if run.quick else 2_000
+    rounds = 3
+    delays: dict[int, float | None] = dict.fromkeys(range(n), 1.0)
+    seconds: dict[str, list[float]] = {k: [] for k in SYSTEMS}
+    late: dict[str, list[float]] = {k: [] for k in SYSTEMS}
+    for rnd in range(rounds):
+        rr.publish(delays)
+        for key in rotated(rnd):
+            t, lat = rr.consume(key, delays)
+            seconds[key].append(t.seconds)
+            late[key].extend(lat.values())
+            progress(
+                f"retry round {rnd + 1}, {key}",
+                {
+                    "completion": f"{t.seconds:.1f} s",
+                    "lateness p50": f"{pct(list(lat.values()), 0.5):,.0f} ms",
+                    "max": f"{max(lat.values()):,.0f} ms",
+                },
+            )
+        rr.check_empty()
+    rate = {k: n / statistics.median(v) for k, v in seconds.items()}
+    figure = f"peers b. retry once after 1 s, {n:,} msgs"
+    rows = [
+        Row(
+            f"{figure}: first call → last success, median of {rounds}: {peers.label[key]}",
+            rate[key],
+            rate["raw"],
+            "msg/s",
+            "ours ≥ it" if key != "ours" else "",
+            rate["ours"] >= rate[key] if key != "ours" else None,
+        )
+        for key in ("ours", *PEERS)
+    ]
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        value = {k: pct(v, q) for k, v in late.items()}
+        rows += [
+            Row(
+                f"{figure}: retry lateness {label}, {rounds} × {n:,}: {peers.label[key]}",
+                value[key],
+                value["raw"],
+                "ms",
+                "ours ≤ it" if key != "ours" else "",
+                value["ours"] <= value[key] if key != "ours" else None,
+            )
+            for key in ("ours", *PEERS)
+        ]
+    return rows
+
+
+def hol_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
+    long = 10.0 if run.quick else 30.0
+    short = 100
+    delays: dict[int, float | None] = {0: long, **dict.fromkeys(range(1, short + 1), 1.0)}
+    rr.publish(delays)
+    stats: dict[str, dict[str, float]] = {}
+    for key in rotated(0):
+        _t, lat = rr.consume(key, delays, first=0)
+        ones = [lat[i] for i in range(1, short + 1)]
+        stats[key] = {"p50": pct(ones, 0.5), "p99": pct(ones, 0.99), "max": max(ones)}
+        stats[key]["long"] = lat[0]
+        progress(f"head-of-line, {key}", {k: f"{v:,.0f} ms" for k, v in stats[key].items()})
+    rr.check_empty()
+    figure = f"peers c. head-of-line, {short} retries after 1 s behind one after {long:.0f} s"
+    rows = []
+    for label in ("p50", "p99", "max"):
+        for key in ("ours", *PEERS):
+            note = ""
+            if label == "p50":
+                note = f"{HOW[key]}; the {long:.0f} s retry {stats[key]['long']:,.0f} ms late"
+                if key == "ours":
+                    note += (
+                        "; raw: one delay queue, per-message TTL: head-of-line blocked, its "
+                        f"{long:.0f} s retry {stats['raw']['long']:,.0f} ms late"
+                    )
+            rows.append(
+                Row(
+                    f"{figure}: 1 s lateness {label}: {peers.label[key]}",
+                    stats[key][label],
+                    stats["raw"][label],
+                    "ms",
+                    "ours ≤ it" if key != "ours" else "",
+                    stats["ours"][label] <= stats[key][label] if key != "ours" else None,
+                    note=note,
+                )
+            )
+    return rows
+
+
+def peers(run: Run) -> list[Row]:
+    if not installed():
+        print(f"  {SKIPPED}", file=sys.stderr, flush=True)
+        return [Row(SKIPPED, None)]
+    group = Peers(run)
+    try:
+        rows = consume_rows(run, group)
+        rr = RetryRound(run, group)
+        rows += retry_rows(run, group, rr)
+        rows += hol_rows(run, group, rr)
+    finally:
+        group.cleanup()
+    return rows
