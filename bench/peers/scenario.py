@@ -1,11 +1,12 @@
-"""The ``peers`` scenario: ours, Dramatiq and Celery doing the same work on the same broker in
-the same run, each as a ratio to the same raw-pika twin (``bench/raw.py``).
+"""The ``peers`` scenario: ours, Dramatiq and Celery (solo pool, and threads pool) doing the
+same work on the same broker in the same run, each as a ratio to the same raw-pika twin
+(``bench/raw.py``).
 
 Three measurements, every worker one process with prefetch ``PREFETCH`` (20), timed from its
 first call to its last success (``bench/peers/record.py``), start-up excluded:
 
 a. consume + ack, no-op: N messages pre-published into each system's queue; rounds with the
-   order of the four rotating, the median kept.
+   order of the five rotating, the median kept.
 b. retry once after 1 s: every message fails its first attempt, asks for a retry after 1 s
    and succeeds on the second; completion time (first call → last success) as msg/s, and the
    retries' lateness (second attempt − first failure − 1 s), pooled over the rounds.
@@ -246,6 +247,7 @@ class RetryRound:
 
         self.run = run
         self.peers = peers
+        self.times: dict[str, Path] = {}  # each system's last times file
         self.ours_delay = [
             q.name for q in current_plan(default_registry.all()).queues if ".delay." in q.name
         ]
@@ -274,7 +276,7 @@ class RetryRound:
         self, key: str, delays: dict[int, float | None], first: int | None = None
     ) -> tuple[Timed, dict[int, float]]:
         n = len(delays)
-        times = self.run.path(f"{key}-times.json")
+        times = self.times[key] = self.run.path(f"{key}-times.json")
         if key == "ours":
             t = ours_consume(
                 self.run, "bench_peer_retry", 2 * n, timeout=900, BENCH_TIMES_FILE=str(times)
@@ -307,6 +309,21 @@ HOW = {
 }
 
 
+def retry_detail(times: Path, t: Timed, lat: dict[int, float]) -> dict[str, str]:
+    """What the progress line says about one retry run: when the retries ran."""
+    data = json.loads(times.read_text())
+    fails, oks = sorted(data["fail"].values()), sorted(data["ok"].values())
+    tail = oks[-max(1, len(oks) // 10) :]
+    return {
+        "completion": f"{t.seconds:.1f} s",
+        "first attempts": f"{fails[-1] - fails[0]:.1f} s",
+        "successes before the last first attempt": f"{sum(o < fails[-1] for o in oks):,}",
+        "last 10 % of successes": f"{len(tail)} in {tail[-1] - tail[0]:.2f} s",
+        "lateness p50": f"{pct(list(lat.values()), 0.5):,.0f} ms",
+        "max": f"{max(lat.values()):,.0f} ms",
+    }
+
+
 def retry_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
     n = 1_000 if run.quick else 2_000
     rounds = 3
@@ -319,20 +336,13 @@ def retry_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
             t, lat = rr.consume(key, delays)
             seconds[key].append(t.seconds)
             late[key].extend(lat.values())
-            progress(
-                f"retry round {rnd + 1}, {key}",
-                {
-                    "completion": f"{t.seconds:.1f} s",
-                    "lateness p50": f"{pct(list(lat.values()), 0.5):,.0f} ms",
-                    "max": f"{max(lat.values()):,.0f} ms",
-                },
-            )
+            progress(f"retry round {rnd + 1}, {key}", retry_detail(rr.times[key], t, lat))
         rr.check_empty()
     rate = {k: n / statistics.median(v) for k, v in seconds.items()}
     figure = f"peers b. retry once after 1 s, {n:,} msgs"
     rows = [
         Row(
-            f"{figure}: first call → last success, median of {rounds}: {peers.label[key]}",
+            f"{figure}: completion, median of {rounds}: {peers.label[key]}",
             rate[key],
             rate["raw"],
             "msg/s",
@@ -345,7 +355,7 @@ def retry_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
         value = {k: pct(v, q) for k, v in late.items()}
         rows += [
             Row(
-                f"{figure}: retry lateness {label}, {rounds} × {n:,}: {peers.label[key]}",
+                f"{figure}: lateness {label} of {rounds} × {n:,}: {peers.label[key]}",
                 value[key],
                 value["raw"],
                 "ms",
@@ -370,7 +380,7 @@ def hol_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
         stats[key]["long"] = lat[0]
         progress(f"head-of-line, {key}", {k: f"{v:,.0f} ms" for k, v in stats[key].items()})
     rr.check_empty()
-    figure = f"peers c. head-of-line, {short} retries after 1 s behind one after {long:.0f} s"
+    figure = f"peers c. {short} retries after 1 s behind one after {long:.0f} s"
     rows = []
     for label in ("p50", "p99", "max"):
         for key in ("ours", *PEERS):
@@ -384,7 +394,7 @@ def hol_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
                     )
             rows.append(
                 Row(
-                    f"{figure}: 1 s lateness {label}: {peers.label[key]}",
+                    f"{figure}: lateness {label}: {peers.label[key]}",
                     stats[key][label],
                     stats["raw"][label],
                     "ms",
