@@ -17,6 +17,7 @@ events, no Django fix-up (plain Python, like the Dramatiq worker), JSON. Logging
 the ``celery worker`` default (retries are logged at INFO: not shown). The pool is
 ``BENCH_CELERY_POOL``: ``solo`` (the default; the task runs in the consumer's own thread, the
 fastest pool for a no-op task) or ``threads`` (one thread); the benchmark runs both.
+``BENCH_CELERY_LOGLEVEL`` overrides the log level (for debugging a run).
 
 How Celery delays a message (``Task.retry``, ``celery/worker/strategy.py``): the retry is a
 new task message with an ``eta`` header, published back to the *work queue*; the worker
@@ -99,9 +100,8 @@ def main(argv: list[str]) -> int:
         os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown: this task is acked first
         hub = get_event_loop()
         if hub is not None:
-            # This task may run from a tick callback, after which the loop polls until its
-            # next timer (up to 10 s) before it sees the shutdown flag: a wake-up from
-            # another thread ends that poll at once.
+            # The loop may poll until its next timer (up to 10 s) before it looks at the
+            # shutdown flag again: a wake-up from another thread ends that poll at once.
             threading.Thread(target=hub.call_soon, args=(lambda: None,)).start()
 
     @app.task(name=TASKS["noop"])

@@ -12,8 +12,8 @@ Configured at its best for this work, and like ours: ``RabbitmqBroker(confirm_de
 worker thread (ours: ``THREADS`` 1), the work queue's prefetch set to ours
 (``dramatiq_queue_prefetch``), the delay queue's prefetch high enough to hold every delayed
 message of a run (``dramatiq_delay_queue_prefetch``, default 1,000 per worker thread), and
-``dramatiq_worker_timeout`` 100 ms (default 1,000: how long an idle consumer waits before it
-looks at its held delayed messages again). Default middleware (its ``Retries`` included);
+``Worker(worker_timeout=100)`` (ms; default 1,000, or ``dramatiq_worker_timeout``: how long an
+idle consumer waits before it looks at its held delayed messages again). Default middleware (its ``Retries`` included);
 logging at INFO, what the ``dramatiq`` command sets (one line per retry, like ours).
 
 How Dramatiq delays a message (``dramatiq/brokers/rabbitmq.py``, ``dramatiq/worker.py``): a
