@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
@@ -38,18 +38,22 @@ def insert_rows(
     model: type[models.Model], rows: Sequence[Mapping[str, Any]], using: str
 ) -> list[int]:
     """Insert ``rows`` (field name → the value Django would save) and return their primary
-    keys in order. Fields a row leaves out get their default. Call it inside a transaction
-    of ``using``; errors are Django's (``IntegrityError``, ``DataError``, ...)."""
+    keys in order. Fields a row leaves out get their default. All or nothing: on PostgreSQL
+    one statement, which outside a transaction commits by itself, in one round trip (BEGIN,
+    INSERT and COMMIT were three, each a wait for the interpreter lock behind the consumer's
+    busy threads when it came back); elsewhere in ``transaction.atomic``. Errors are Django's
+    (``IntegrityError``, ``DataError``, ...)."""
     if not rows:
         return []
     connection = connections[using]
     if connection.vendor != "postgresql" or psycopg is None or not _is_psycopg3(connection):
         objs = [model(**row) for row in rows]
-        if connection.features.can_return_rows_from_bulk_insert:
-            model._default_manager.using(using).bulk_create(objs)
-        else:  # one INSERT each (SQLite before 3.35, MySQL): the ids are needed
-            for obj in objs:
-                obj.save(force_insert=True, using=using)
+        with transaction.atomic(using=using):
+            if connection.features.can_return_rows_from_bulk_insert:
+                model._default_manager.using(using).bulk_create(objs)
+            else:  # one INSERT each (SQLite before 3.35, MySQL): the ids are needed
+                for obj in objs:
+                    obj.save(force_insert=True, using=using)
         return [obj.pk for obj in objs]
     sql, fields, json_fields = _statement(model, connection.alias)
     params = []

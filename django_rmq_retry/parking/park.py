@@ -267,18 +267,17 @@ def park_many(
     if any(p.parked_id for p in prepared) or len(keys) != len(prepared):
         return _one_by_one(reqs, names, using)
     try:
-        with transaction.atomic(using=using):
-            ids = insert_rows(
-                ParkedMessage,
-                [{"park_key": p.key, "history": [p.event], **p.fields} for p in prepared],
-                using,
-            )
-            if signals.message_parked.has_listeners():
-                for pk, p, req in zip(ids, prepared, reqs, strict=True):
-                    row = ParkedMessage(pk=pk, park_key=p.key, history=[p.event], **p.fields)
-                    _after_park(row, req, True)
+        ids = insert_rows(  # all or nothing, and committed (outside a caller's transaction)
+            ParkedMessage,
+            [{"park_key": p.key, "history": [p.event], **p.fields} for p in prepared],
+            using,
+        )
     except IntegrityError:
         return _one_by_one(reqs, names, using)
+    if signals.message_parked.has_listeners():
+        for pk, p, req in zip(ids, prepared, reqs, strict=True):
+            row = ParkedMessage(pk=pk, park_key=p.key, history=[p.event], **p.fields)
+            _after_park(row, req, True)
     return [(pk, True) for pk in ids]
 
 
