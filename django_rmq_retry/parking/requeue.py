@@ -171,10 +171,14 @@ def requeue(
             result.skipped += chunk.skipped
             if chunk.rows:
                 statuses, lost = _publish(chunk.rows, mode, publisher, names)
+                # The marks need no body: let the chunk's bodies go now (memory stays a few
+                # chunks of CHUNK_BYTES however far behind the marks are).
+                rows = [row._replace(body=b"") for row in chunk.rows]
+                chunk.rows = []
                 if marks is not None:
-                    marks.submit(chunk.rows, statuses, lost is not None)
+                    marks.submit(rows, statuses, lost is not None)
                 else:
-                    settle(chunk.rows, statuses, lost is not None, result)
+                    settle(rows, statuses, lost is not None, result)
                 if lost is not None:
                     raise lost
             if progress:
