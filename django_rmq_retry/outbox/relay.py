@@ -29,6 +29,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from .. import broker
+from ..batches import ids_in
 from ..conf import app_settings
 from ..core.errors import PublishError
 from ..core.json_columns import headers_from_json
@@ -160,7 +161,7 @@ def publish_pending(
         done = [claimed[id(item)].id for item in sent if item.confirmed]
         refused = [(claimed[id(item)], item) for item in sent if item.nacked or item.returned]
         if done:
-            OutboxMessage.objects.using(using).filter(pk__in=done).delete()
+            OutboxMessage.objects.using(using).filter(ids_in(done, using)).delete()
         held = _count_refusals(refused, now, using)
     if unreachable is not None:
         raise unreachable

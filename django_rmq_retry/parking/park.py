@@ -21,11 +21,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from .. import signals
+from ..batches import insert_rows
 from ..conf import current_names
 from ..core.envelope import Envelope, delivery_digest, read_incoming
 from ..core.names import Names
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
-from .bulk import insert_rows
 from .rows import json_safe_headers, properties_json, text_column
 
 logger = logging.getLogger("django_rmq_retry.parking")
@@ -255,7 +255,7 @@ def park_many(
     A commit waits for the database's disk, so a consumer that parks a flood of failures one
     commit at a time is bound by fsync, not by work (group commit, as databases do it for
     their own log). The common case, messages parked for the first time, goes in one
-    statement (:func:`.bulk.insert_rows`); a batch holding a requeued message's return, or
+    statement (:func:`..batches.insert_rows`); a batch holding a requeued message's return, or
     one that meets an existing key (a redelivery after a lost ack, an identical message),
     is written row by row through :func:`park`, which sorts each case out. Every row is
     committed when this returns; ``DatabaseError`` means none of the batch may be acked.

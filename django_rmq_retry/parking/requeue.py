@@ -26,6 +26,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from .. import signals
+from ..batches import ids_in
 from ..conf import app_settings, current_names
 from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
@@ -33,7 +34,6 @@ from ..core.names import Names
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from ..publishing import get_publisher
 from ..threads import start_daemon
-from .bulk import ids_in
 from .rows import row_properties
 
 logger = logging.getLogger("django_rmq_retry.parking")
