@@ -2,7 +2,8 @@
 
 ``Topic.send`` lands here. A publish returns only once the broker confirmed it; an
 unroutable message (no queue bound) raises instead of being silently dropped. A connection
-lost mid-publish is replaced and the publish tried once more (at-least-once).
+lost mid-publish is replaced and the publish tried once more (at-least-once); a nacked
+message is published again after a pause, twice at most (see ``NACK_PAUSES``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ BATCH_WINDOW = 1000
 #: A connection idle for longer is polled before use, so one the broker closed meanwhile
 #: (missed heartbeats, a restart) is replaced quietly instead of failing the publish first.
 _IDLE_CHECK_AFTER = 1.0
+#: Pauses before publishing a nacked message again. A nack says the broker could not store
+#: the message *now*: a quorum queue's leader moving while a cluster node stops, a queue
+#: process restarting, or a full queue with ``overflow=reject-publish``. The first two pass
+#: in a second or two; the last one raises ``NackedError`` after the pauses. A message routed
+#: to several queues may be stored again in those that did take it (same ``message_id``).
+NACK_PAUSES: tuple[float, ...] = (0.5, 2.0)
+_pause = time.sleep  # (tests make the pause do something)
 
 #: Bodies become JSON with Django's encoder (dates, decimals, UUIDs).
 encode_body = functools.partial(bodies.encode_body, encoder=DjangoJSONEncoder)
@@ -159,7 +167,7 @@ class Publisher:
         """Publish exactly these bytes and properties; return once confirmed."""
         with self._lock:
             try:
-                self._send(exchange, routing_key, body, properties)
+                self._send_until_stored(exchange, routing_key, body, properties)
             except UnroutableError as exc:
                 raise UnroutableError(
                     f"no queue is bound for routing key {routing_key!r} on exchange "
@@ -171,6 +179,21 @@ class Publisher:
                 ) from exc
             except ChannelClosed as exc:
                 raise PublishError(f"publish to {exchange!r} failed: {exc}") from exc
+
+    def _send_until_stored(
+        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+    ) -> None:
+        for pause in NACK_PAUSES:
+            try:
+                return self._send(exchange, routing_key, body, properties)
+            except NackedError:
+                logger.warning(
+                    "the broker nacked a message to %r; publishing it again in %.1fs",
+                    exchange,
+                    pause,
+                )
+                _pause(pause)
+        self._send(exchange, routing_key, body, properties)
 
     def _send(
         self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
@@ -316,6 +339,20 @@ class Publisher:
     def _publish_batch(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
         """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
         self._send_batch(items, window)
+        for pause in NACK_PAUSES:
+            again = [i for i in items if i.nacked]
+            if not again:
+                break
+            logger.warning(
+                "the broker nacked %d message(s) to %r; publishing them again in %.1fs",
+                len(again),
+                again[0].exchange,
+                pause,
+            )
+            _pause(pause)
+            for item in again:
+                item.state = ""
+            self._send_batch(again, window)
         nacked = sum(1 for i in items if i.nacked)
         returned = sum(1 for i in items if i.returned)
         if nacked:

@@ -11,7 +11,7 @@ from django.core.management import call_command
 
 from django_rmq_retry import PublishError
 from django_rmq_retry.broker import Outgoing
-from django_rmq_retry.core.errors import UnroutableError
+from django_rmq_retry.core.errors import NackedError, UnroutableError
 from django_rmq_retry.publishing import BATCH_WINDOW, get_publisher
 from tests.testapp.events import other, work
 
@@ -134,3 +134,58 @@ def test_single_and_batch_sends_mix_on_one_publisher(rmq):
     other.send_many([{"id": i} for i in range(12, 20)])
     bodies = [b for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
     assert bodies == [f'{{"id":{i}}}'.encode() for i in range(20)]
+
+
+def _bounded_queue(rmq, length: int) -> str:
+    queue = f"{rmq.prefix}.bounded"
+    ch = rmq.ch()
+    ch.queue_declare(
+        queue, arguments={"x-max-length": length, "x-overflow": "reject-publish"}, auto_delete=True
+    )
+    ch.queue_bind(queue, rmq.names.work_exchange, routing_key="bounded.key")
+    return queue
+
+
+def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch):
+    """A nack is the broker unable to store *now* (a leader moving, a full queue): send and
+    send_many publish the nacked message again after a pause; once room is made, it is stored
+    exactly once and the call returns normally."""
+    from django_rmq_retry import publishing
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = _bounded_queue(rmq, 3)
+    publisher = get_publisher()
+    drained: list = []
+
+    def make_room(_pause: float) -> None:  # the pause is when the queue gets consumed
+        drained.extend(rmq.get_all(queue))
+
+    monkeypatch.setattr(publishing, "_pause", make_room)
+    try:
+        publisher.publish_many("bounded.key", [{"id": i} for i in range(3)])  # fills it
+        single = publisher.publish("bounded.key", {"id": "single"})
+        assert len(drained) == 3  # one pause: the queue was full once
+        batch = publisher.publish_many("bounded.key", [{"id": i} for i in range(3, 8)])
+        stored = _ids(drained) + _ids(rmq.get_all(queue))
+        expected = [single.message_id, *(r.message_id for r in batch)]
+        assert sorted(stored[3:]) == sorted(expected)  # each once, none lost
+        assert len(stored) == 3 + 1 + 5
+    finally:
+        rmq.ch().queue_delete(queue)
+
+
+def test_a_nack_that_lasts_raises_after_the_bounded_pauses(rmq, monkeypatch):
+    from django_rmq_retry import publishing
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = _bounded_queue(rmq, 1)
+    pauses: list[float] = []
+    monkeypatch.setattr(publishing, "_pause", pauses.append)
+    try:
+        first = get_publisher().publish("bounded.key", {"id": 0})
+        with pytest.raises(NackedError):
+            get_publisher().publish("bounded.key", {"id": 1})
+        assert pauses == list(publishing.NACK_PAUSES)
+        assert _ids(rmq.get_all(queue)) == [first.message_id]
+    finally:
+        rmq.ch().queue_delete(queue)
