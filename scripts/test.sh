@@ -61,7 +61,10 @@ need_postgres() {
 # sqlite + postgres keep the ordinary suite well under 15 minutes on 2 cores: every test but
 # the fault injection on SQLite (the browser test included), then every test but the browser
 # one on PostgreSQL (the fault-injection suite included: its database-down scenario needs it).
-leg_sqlite() { "$PY" -m pytest -m "not faults and not cluster" "$@"; }
+# (test_publish_many, publisher only, no database, runs on PostgreSQL only.)
+leg_sqlite() {
+  "$PY" -m pytest -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
+}
 leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not cluster" "$@"; }
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
@@ -70,23 +73,32 @@ leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not 
 # run here with quorum queues), the exactly-once scenarios (their broker restart runs here with
 # quorum queues), test_security (its TLS test runs a private 3.10 node), the adversarial
 # suites with quorum queues (they run with classic ones), and the outbox and
-# idempotent-receiver suites and the database-down scenario (what they test is the
-# database's side; the broker only publishes and delivers). The quorum pass's SIGKILL
-# scenario runs 2,500 messages and 10 kills (5,000 and 20 on 3.10).
+# idempotent-receiver suites, the parking suite and test_adversary_rows, and the
+# database-down scenario (what they test is the database's side; the broker only publishes
+# and delivers; the parking suite runs again in the quorum pass). test_quorum_limits runs in
+# the quorum pass only (its poison and give-back tests declare quorum queues in either pass).
+# The quorum pass's SIGKILL scenario runs 2,500 messages and 10 kills (5,000 and 20 on 3.10).
 # The broker-restart scenario runs here with quorum queues only: classic queues dead-letter
 # at-most-once inside RabbitMQ, and on 4.0 a retry copy the broker had confirmed vanished in
 # the delay-level hop that was due as the broker shut down (1 of 750 pairs, in one of our
 # few 4.0 runs; README "What is not promised"). With quorum queues the hop is at-least-once.
-R4_CLASSIC=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
+R4_CLASSIC=(tests/test_retries.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
   --ignore=tests/faults/test_exactly_once.py --ignore=tests/faults/test_database_down.py
+  --ignore=tests/faults/test_quorum_limits.py
   --deselect tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
 R4_QUORUM=(tests/test_retries.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
   tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py
   tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
-adversarial() { local f; for f in tests/test_adversary*.py tests/adversarial; do [ -e "$f" ] && echo "$f"; done; true; }
+adversarial() {
+  local f
+  for f in tests/test_adversary*.py tests/adversarial; do
+    [ -e "$f" ] && [ "$f" != tests/test_adversary_rows.py ] && echo "$f"
+  done
+  true
+}
 leg_rabbit4() (
   # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply
   # inside a function called by `timed`: each step says its status.)
