@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from django.db import connections, transaction
@@ -98,13 +98,17 @@ def _claim(ids: list[int], token: str, using: str) -> list[int]:
         return sorted(row[0] for row in cursor.fetchall())
 
 
+def _stale_before() -> datetime:
+    """Claims made before this belong to a run that was killed: they no longer hold."""
+    return timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
+
+
 def being_requeued(using: str) -> Exists:
     """Whether a parked row is claimed by a requeue run still in time (for ``exclude``):
     discard and purge leave such rows to the run."""
-    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
     return Exists(
         ParkedClaim.objects.using(using).filter(
-            parked_id=OuterRef("pk"), claimed_at__gte=stale_before
+            parked_id=OuterRef("pk"), claimed_at__gte=_stale_before()
         )
     )
 
@@ -152,9 +156,7 @@ def requeue(
         return result
     publisher = publisher or get_publisher()
     token = uuid.uuid4().hex
-    # A claim older than the timeout belongs to a run that was killed: it no longer holds.
-    stale_before = timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
-    ParkedClaim.objects.using(using).filter(claimed_at__lt=stale_before).delete()
+    ParkedClaim.objects.using(using).filter(claimed_at__lt=_stale_before()).delete()
     claims = _Claims(candidates, token, using, batch_size, limit)
     # Claim and load the next batch on a thread of its own while this one is published: the
     # database work and the broker's confirms overlap instead of taking turns. Not inside a
