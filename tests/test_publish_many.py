@@ -82,15 +82,20 @@ def test_unroutable_messages_inside_a_batch_are_the_ones_reported(rmq):
     assert sorted(stored) == sorted(r.message_id for r in info.value.confirmed)
 
 
+def _bounded_queue(rmq, length: int) -> str:
+    queue = f"{rmq.prefix}.bounded"
+    ch = rmq.ch()
+    ch.queue_declare(
+        queue, arguments={"x-max-length": length, "x-overflow": "reject-publish"}, auto_delete=True
+    )
+    ch.queue_bind(queue, rmq.names.work_exchange, routing_key="bounded.key")
+    return queue
+
+
 def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq):
     """A full queue with overflow=reject-publish nacks: exactly the stored ones are confirmed."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
-    ch = rmq.ch()
-    queue = f"{rmq.prefix}.bounded"
-    ch.queue_declare(
-        queue, arguments={"x-max-length": 7, "x-overflow": "reject-publish"}, auto_delete=True
-    )
-    ch.queue_bind(queue, rmq.names.work_exchange, routing_key="bounded.key")
+    queue = _bounded_queue(rmq, 7)
     try:
         with pytest.raises(PublishError) as info:
             get_publisher().publish_many("bounded.key", [{"id": i} for i in range(25)])
@@ -134,16 +139,6 @@ def test_single_and_batch_sends_mix_on_one_publisher(rmq):
     other.send_many([{"id": i} for i in range(12, 20)])
     bodies = [b for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
     assert bodies == [f'{{"id":{i}}}'.encode() for i in range(20)]
-
-
-def _bounded_queue(rmq, length: int) -> str:
-    queue = f"{rmq.prefix}.bounded"
-    ch = rmq.ch()
-    ch.queue_declare(
-        queue, arguments={"x-max-length": length, "x-overflow": "reject-publish"}, auto_delete=True
-    )
-    ch.queue_bind(queue, rmq.names.work_exchange, routing_key="bounded.key")
-    return queue
 
 
 def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch):
