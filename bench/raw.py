@@ -66,6 +66,19 @@ def _db(url: str) -> tuple[Any, str]:
     return conn, "%s"
 
 
+def _second_attempt(props: Any, **extra: Any) -> pika.BasicProperties:
+    """The properties of a failed delivery's retry copy, as a careful user writes them."""
+    headers = {**(props.headers or {}), "raw-attempt": 2, "raw-error": "first attempt fails"}
+    return pika.BasicProperties(
+        content_type=props.content_type,
+        delivery_mode=2,
+        message_id=props.message_id,
+        timestamp=props.timestamp,
+        headers=headers,
+        **extra,
+    )
+
+
 def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str = "") -> None:
     conn = pika.BlockingConnection(pika.URLParameters(URL))
     ch = conn.channel()
@@ -95,15 +108,7 @@ def consume(mode: str, queue: str, n: int, prefetch: int, mark: str, extra: str 
         if mode == "cpu":
             burn()
         elif mode == "retry":
-            headers = dict(props.headers or {})
-            headers.update({"raw-attempt": 2, "raw-error": "first attempt fails"})
-            copy = pika.BasicProperties(
-                content_type=props.content_type,
-                delivery_mode=2,
-                message_id=props.message_id,
-                timestamp=props.timestamp,
-                headers=headers,
-            )
+            copy = _second_attempt(props)
             pub.basic_publish("", extra, body, copy, mandatory=True)  # waits for the confirm
         elif mode == "park":
             db.execute(
@@ -150,18 +155,9 @@ def retry_once(queue: str, n: int, prefetch: int, mark: str, delay_queue: str, t
     def on_message(channel: Any, method: Any, props: Any, body: bytes) -> None:
         rec.first()
         data = json.loads(body)
-        headers = dict(props.headers or {})
-        if "raw-attempt" not in headers:
+        if "raw-attempt" not in (props.headers or {}):
             rec.failed(data["i"])
-            headers.update({"raw-attempt": 2, "raw-error": "first attempt fails"})
-            copy = pika.BasicProperties(
-                content_type=props.content_type,
-                delivery_mode=2,
-                message_id=props.message_id,
-                timestamp=props.timestamp,
-                headers=headers,
-                expiration=str(round(float(data["delay"]) * 1000)),
-            )
+            copy = _second_attempt(props, expiration=str(round(float(data["delay"]) * 1000)))
             pub.basic_publish("", delay_queue, body, copy, mandatory=True)  # waits for the confirm
             channel.basic_ack(method.delivery_tag)
             return

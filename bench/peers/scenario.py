@@ -184,6 +184,35 @@ CONFIG = {
 }
 
 
+def side_by_side(
+    peers: Peers,
+    figure: str,
+    value: dict[str, float],
+    unit: str,
+    higher_is_better: bool,
+    notes: dict[str, str] | None = None,
+) -> list[Row]:
+    """One row for ours and one per peer, each beside the raw twin; a peer's row says
+    whether ours is at least as good as it (the issue's "ours ahead on every row")."""
+    rows = []
+    for key in ("ours", *PEERS):
+        met = None
+        if key != "ours":
+            met = value["ours"] >= value[key] if higher_is_better else value["ours"] <= value[key]
+        rows.append(
+            Row(
+                f"{figure}: {peers.label[key]}",
+                value[key],
+                value["raw"],
+                unit,
+                ("ours ≥ it" if higher_is_better else "ours ≤ it") if key != "ours" else "",
+                met,
+                note=(notes or {}).get(key, ""),
+            )
+        )
+    return rows
+
+
 def consume_rows(run: Run, peers: Peers) -> list[Row]:
     n = 5_000 if run.quick else 20_000
     rounds = 3
@@ -218,18 +247,7 @@ def consume_rows(run: Run, peers: Peers) -> list[Row]:
         ensure_empty(*(q for side, name in queues.items() for q in peers.all_queues(side, name)))
     rate = {k: n / statistics.median(v) for k, v in seconds.items()}
     figure = f"peers a. consume + ack, no-op, {n:,} msgs, prefetch {PREFETCH}, median of {rounds}"
-    return [
-        Row(
-            f"{figure}: {peers.label[key]}",
-            rate[key],
-            rate["raw"],
-            "msg/s",
-            "ours ≥ it" if key != "ours" else "",
-            rate["ours"] >= rate[key] if key != "ours" else None,
-            note=CONFIG[key],
-        )
-        for key in ("ours", *PEERS)
-    ]
+    return side_by_side(peers, figure, rate, "msg/s", True, CONFIG)
 
 
 def progress(label: str, values: dict[str, str]) -> None:
@@ -340,30 +358,12 @@ def retry_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
         rr.check_empty()
     rate = {k: n / statistics.median(v) for k, v in seconds.items()}
     figure = f"peers b. retry once after 1 s, {n:,} msgs"
-    rows = [
-        Row(
-            f"{figure}: completion, median of {rounds}: {peers.label[key]}",
-            rate[key],
-            rate["raw"],
-            "msg/s",
-            "ours ≥ it" if key != "ours" else "",
-            rate["ours"] >= rate[key] if key != "ours" else None,
-        )
-        for key in ("ours", *PEERS)
-    ]
+    rows = side_by_side(peers, f"{figure}: completion, median of {rounds}", rate, "msg/s", True)
     for q, label in ((0.5, "p50"), (0.99, "p99")):
         value = {k: pct(v, q) for k, v in late.items()}
-        rows += [
-            Row(
-                f"{figure}: lateness {label} of {rounds} × {n:,}: {peers.label[key]}",
-                value[key],
-                value["raw"],
-                "ms",
-                "ours ≤ it" if key != "ours" else "",
-                value["ours"] <= value[key] if key != "ours" else None,
-            )
-            for key in ("ours", *PEERS)
-        ]
+        rows += side_by_side(
+            peers, f"{figure}: lateness {label} of {rounds} × {n:,}", value, "ms", False
+        )
     return rows
 
 
@@ -382,27 +382,24 @@ def hol_rows(run: Run, peers: Peers, rr: RetryRound) -> list[Row]:
     rr.check_empty()
     figure = f"peers c. {short} retries after 1 s behind one after {long:.0f} s"
     rows = []
+    notes = {
+        key: f"{HOW[key]}; the {long:.0f} s retry {stats[key]['long']:,.0f} ms late"
+        for key in ("ours", *PEERS)
+    }
+    notes["ours"] += (
+        "; raw: one delay queue, per-message TTL: head-of-line blocked, its "
+        f"{long:.0f} s retry {stats['raw']['long']:,.0f} ms late"
+    )
     for label in ("p50", "p99", "max"):
-        for key in ("ours", *PEERS):
-            note = ""
-            if label == "p50":
-                note = f"{HOW[key]}; the {long:.0f} s retry {stats[key]['long']:,.0f} ms late"
-                if key == "ours":
-                    note += (
-                        "; raw: one delay queue, per-message TTL: head-of-line blocked, its "
-                        f"{long:.0f} s retry {stats['raw']['long']:,.0f} ms late"
-                    )
-            rows.append(
-                Row(
-                    f"{figure}: lateness {label}: {peers.label[key]}",
-                    stats[key][label],
-                    stats["raw"][label],
-                    "ms",
-                    "ours ≤ it" if key != "ours" else "",
-                    stats["ours"][label] <= stats[key][label] if key != "ours" else None,
-                    note=note,
-                )
-            )
+        value = {key: stats[key][label] for key in stats}
+        rows += side_by_side(
+            peers,
+            f"{figure}: lateness {label}",
+            value,
+            "ms",
+            False,
+            notes if label == "p50" else None,
+        )
     return rows
 
 
