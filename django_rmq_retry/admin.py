@@ -19,9 +19,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db import connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -39,6 +40,7 @@ from . import parking
 from .core.errors import RmqRetryError
 from .models import ParkedMessage, ParkedStatus, RetryPolicy
 from .parking import WordsMatch, distinct_values
+from .parking.newest import newest_first_ids
 from .preview import body_preview
 from .registry import default_registry
 
@@ -100,10 +102,13 @@ class CappedPaginator(Paginator):
     """Counts the matching rows up to :data:`COUNT_CAP` + 1, never the whole table.
 
     The pages go as deep as the cap (row 10,000 is on page 200 at 50 a page); past it, a
-    filter or a search narrows the list.
+    filter or a search narrows the list. With ``sliced`` (a search), a page's rows are found
+    by :func:`~django_rmq_retry.parking.newest.newest_first_ids`, then read by id: the same
+    rows in the same order, without walking the rows the search rules out.
     """
 
     cap = COUNT_CAP
+    sliced = False
 
     @cached_property
     def count(self) -> int:
@@ -112,6 +117,21 @@ class CappedPaginator(Paginator):
             return super().count
         found = qs.order_by()[: self.cap + 1].count()
         return _AtLeast(found) if found > self.cap else found
+
+    def page(self, number: Any) -> Page:
+        qs = self.object_list
+        if not (self.sliced and isinstance(qs, QuerySet)):
+            return super().page(number)
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:  # as Paginator.page
+            top = self.count
+        total = None if isinstance(self.count, _AtLeast) else self.count
+        ids = newest_first_ids(qs, top, total)
+        if ids is None:
+            return super().page(number)
+        return Page(qs.filter(pk__in=ids[bottom:top]), number, self)
 
 
 class IndexedValuesFilter(admin.AllValuesFieldListFilter):
@@ -269,6 +289,22 @@ class ParkedMessageAdmin(admin.ModelAdmin):
                 return qs.defer("body", "traceback", "properties", "headers", "history")
 
         return ParkedChangeList
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[ParkedMessage],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Any:
+        paginator = super().get_paginator(
+            request, queryset, per_page, orphans, allow_empty_first_page
+        )
+        if isinstance(paginator, CappedPaginator):
+            # A search's words may match none of the newest rows: see newest_first_ids.
+            paginator.sliced = bool(request.GET.get(SEARCH_VAR, "").strip())
+        return paginator
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ParkedMessage], search_term: str
