@@ -29,6 +29,7 @@ from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
 from . import headerguard
 from .errors import LOST, describe, translated
 from .topology import declare
+from .writes import join_queued_frames
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
@@ -147,6 +148,7 @@ class Connection:
     def __init__(self, raw: pika.BlockingConnection, url: str = "") -> None:
         self.raw = raw
         self.url = url
+        join_queued_frames(raw)
 
     @property
     def is_open(self) -> bool:
