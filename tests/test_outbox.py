@@ -324,3 +324,47 @@ def procs_outbox(tmp_path):
     for child in started:
         if child.poll() is None:
             child.kill()
+
+
+def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatch):
+    """The connection dies while a round is still reading ahead (chunks of 20, 300 rows),
+    once the broker confirmed the first 150: the round stops its reader, deletes only those
+    150, and the next round publishes the rest; every message arrives once (nothing
+    written after the cut reached the broker)."""
+    import socket
+
+    from django_rmq_retry import PublishError
+    from django_rmq_retry.outbox import publish_all, relay
+    from django_rmq_retry.publishing import get_publisher
+
+    monkeypatch.setattr(relay, "CHUNK", 20)
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with override_settings(RMQ_RETRY=_conf(rmq, OUTBOX_PUBLISH_ON_COMMIT=False)):
+        with transaction.atomic():
+            results = other.send_many([{"id": i} for i in range(300)], outbox=True)
+        publisher = get_publisher()
+
+        class CutAfter150:
+            def publish_stream(self, items):
+                def cut():
+                    for n, item in enumerate(items):
+                        if n == 150:  # the first 150 sent and confirmed, then the cut
+                            deadline = time.monotonic() + 10
+                            while publisher._pipeline.unconfirmed:
+                                assert time.monotonic() < deadline
+                                publisher._connection.pump(0.05)
+                            sock = publisher._connection.raw._impl._transport._sock
+                            sock.shutdown(socket.SHUT_RDWR)
+                        yield item
+
+                return publisher.publish_stream(cut())
+
+        with pytest.raises(PublishError):
+            publish_pending(publisher=CutAfter150())
+        assert not [t for t in threading.enumerate() if t.name == "rmq-outbox-read-ahead"]
+        assert OutboxMessage.objects.count() == 150  # the 150 confirmed ones are gone
+        reset_publisher()
+        assert publish_all().published == 150
+    got = [p.message_id for _m, p, _b in rmq.get_all(rmq.queue("gamma"))]
+    assert got == [r.message_id for r in results]
+    assert OutboxMessage.objects.count() == 0

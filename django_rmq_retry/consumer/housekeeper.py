@@ -17,7 +17,7 @@ from ..core.errors import PublishError
 from ..inbox import purge_handled
 from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
-from ..outbox.relay import WAITING_PAUSE
+from ..outbox.relay import WAITING_PAUSE, Drain
 from ..parking import group_counts
 from ..threads import start_daemon
 
@@ -48,7 +48,7 @@ class Housekeeper:
         self.published = 0
         self.held = 0
         self._thread: threading.Thread | None = None
-        self._after: int | None = None  # within a drain: the last round's last row id
+        self._drain = Drain()
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "rmq-outbox-relay")
@@ -70,7 +70,7 @@ class Housekeeper:
                 next_recycle = time.monotonic() + RECYCLE_EVERY
                 close_old_connections()
             try:
-                done = self._relay_round()
+                step = self._relay_round()
                 backoff.reset()
             except PublishError as exc:
                 logger.warning("outbox relay: broker unavailable (%s); retrying", exc)
@@ -84,26 +84,25 @@ class Housekeeper:
             if time.monotonic() >= next_chores:
                 next_chores = time.monotonic() + CHORES_EVERY
                 self._chores()
-            if done.full:
+            if step == Drain.NEXT:
                 continue
-            if done.waiting:  # held up by another relay's round: due once that one ends
+            if step == Drain.PAUSE:  # rows held up by another relay's round
                 self.stop.wait(WAITING_PAUSE)
                 continue
             if self.once:
                 return
             relay_wakeup.wait(float(app_settings.OUTBOX_POLL_SECONDS))
 
-    def _relay_round(self) -> RelayRound:
-        """One round. A full one is followed by one that goes on after its last row (see
-        ``publish_pending``'s ``after``); any other by one from the oldest row."""
-        if self._after is None:
+    def _relay_round(self) -> str:
+        """One round, where :class:`Drain` says it starts; returns what ``Drain`` says next."""
+        if self._drain.after is None:
             pending = OutboxMessage.objects.using(self.using).filter(status=OutboxStatus.PENDING)
             if not pending.exists():  # idle: one indexed query, no transaction, no lock
-                return RelayRound()
+                return self._drain.advance(RelayRound())
         try:
-            done = publish_pending(using=self.using, after=self._after)
+            done = publish_pending(using=self.using, after=self._drain.after)
         except BaseException:
-            self._after = None
+            self._drain.restart()
             raise
         self.published += done.published
         self.held += done.held
@@ -114,8 +113,7 @@ class Housekeeper:
                 done.held,
                 int(app_settings.OUTBOX_MAX_ATTEMPTS),
             )
-        self._after = done.last_id if done.full else None
-        return done
+        return self._drain.advance(done)
 
     def _chores(self) -> None:
         try:

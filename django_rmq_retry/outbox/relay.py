@@ -16,10 +16,12 @@ round starts from the oldest row again instead of going on after this one's last
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -52,6 +54,9 @@ WAITING_PAUSE = 0.05
 #: while the next is read).
 CHUNK = 500
 
+#: Chunks a round reads ahead of the one being published (PostgreSQL, see ``_read_ahead``).
+READ_AHEAD = 2
+
 #: Seconds a refused row waits before its next attempt: doubling from this, capped below.
 REFUSED_FIRST_DELAY = 1.0
 REFUSED_MAX_DELAY = 300.0
@@ -66,6 +71,17 @@ class _Row(NamedTuple):
     routing_key: str
     body: bytes
     properties: dict[str, Any]
+    attempts: int
+
+
+#: Rows read at once and the messages they become.
+_Chunk = list[tuple[_Row, broker.Outgoing]]
+
+
+class _Claim(NamedTuple):
+    """What a round keeps of a row it published until the broker answered (not the body)."""
+
+    id: int
     attempts: int
 
 
@@ -122,42 +138,49 @@ def publish_pending(
             .values_list(*_Row._fields)[:limit]
             .iterator(chunk_size=CHUNK)
         )
-        chunks = iter(lambda: [_Row(*values) for values in itertools.islice(rows, CHUNK)], [])
+        chunks = iter(lambda: _messages(itertools.islice(rows, CHUNK)), [])
         first = next(chunks, None)
         if first is None:  # nothing due: no broker connection needed
             return RelayRound()
-        claimed: dict[int, _Row] = {}  # id(Outgoing) -> its row, without the body
+        if connections[using].vendor == "postgresql":
+            chunks = _read_ahead(chunks)
+        claimed: dict[int, _Claim] = {}  # id(Outgoing) -> its row's id and attempts
         firsts: dict[_Key, int] = {}  # each (transaction, topic)'s first row in this round
+        clear: set[_Key] = set()  # keys found with no earlier row this round does not hold
         read = [0, 0, 0]  # rows locked this round (left ones included), the last id, waiting
 
-        def outgoing() -> Iterator[broker.Outgoing]:
+        def outgoing() -> Generator[broker.Outgoing, None, None]:
             """The round's rows as messages, read a chunk at a time while the broker works
             on the previous chunk; a row with an earlier row of its transaction and topic
             this round does not hold is left where it is (``_overtaking``)."""
             for chunk in itertools.chain([first], chunks):
                 read[0] += len(chunk)
-                read[1] = chunk[-1].id
-                for row in chunk:
+                read[1] = chunk[-1][0].id
+                for row, _item in chunk:
                     firsts.setdefault(_key(row), row.id)
-                waiting, deferred = _overtaking(chunk, firsts, now, using)
-                for row in chunk:
-                    if _key(row) in waiting:
+                waiting, deferred = _overtaking(chunk, firsts, clear, now, using)
+                for row, item in chunk:
+                    key = _key(row)
+                    if key in waiting:
                         read[2] += 1
                         continue
-                    if _key(row) in deferred:
+                    if key in deferred:
                         continue
-                    item = broker.Outgoing(
-                        row.exchange, row.routing_key, bytes(row.body), _properties(row.properties)
-                    )
-                    claimed[id(item)] = row._replace(body=b"")
+                    claimed[id(item)] = _Claim(row.id, row.attempts)
                     yield item
 
         unreachable: PublishError | None = None
+        stream = outgoing()
         try:
-            sent = (publisher or get_publisher()).publish_stream(outgoing())
+            sent = (publisher or get_publisher()).publish_stream(stream)
         except PublishError as exc:  # rows without an answer stay as they are
             unreachable = exc
             sent = getattr(exc, "sent", [])
+        finally:  # a stream stopped early: its reader, then its cursor, before the DELETE
+            for iterator in (stream, chunks, rows):
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
         done = [claimed[id(item)].id for item in sent if item.confirmed]
         refused = [(claimed[id(item)], item) for item in sent if item.nacked or item.returned]
         if done:
@@ -170,14 +193,47 @@ def publish_pending(
     )
 
 
+class Drain:
+    """Where a drain's next round starts, and whether the drain is over.
+
+    On after the last round's last row while rounds are full; then from the oldest row
+    again, after a pause, if any round since the last such pass left rows waiting for
+    another relay's round. A full round that left rows waiting does not go back at once
+    (more rows are after it), but the drain must not end before it went back: ending there
+    would leave those rows to nobody once the other relays end too (``rmq_relay --once``).
+    """
+
+    NEXT, PAUSE, DONE = "next", "pause", "done"
+
+    def __init__(self) -> None:
+        self.after: int | None = None  # the next round reads rows above this id
+        self._left_waiting = False  # rows waiting since the last round from the oldest row
+
+    def advance(self, done: RelayRound) -> str:
+        """After round ``done``: ``NEXT`` at once, ``PAUSE`` first, or ``DONE``."""
+        self._left_waiting = self._left_waiting or done.waiting > 0
+        if done.full:
+            self.after = done.last_id
+            return self.NEXT
+        self.after = None
+        if self._left_waiting:
+            self._left_waiting = False
+            return self.PAUSE
+        return self.DONE
+
+    def restart(self) -> None:
+        """From the oldest row (after an error: the next round reads every pending row)."""
+        self.after = None
+        self._left_waiting = False
+
+
 def publish_all(*, using: str = "default", publisher: Publisher | None = None) -> RelayRound:
     """Rounds until what is pending now is published (rows waiting after a refusal, or
-    held for an operator, stay): on after the last round's last row while rounds are full,
-    from the oldest row again while rows wait for another relay's round. Returns the totals."""
+    held for an operator, stay), in the order :class:`Drain` gives. Returns the totals."""
     total = RelayRound()
-    after: int | None = None
+    drain = Drain()
     while True:
-        done = publish_pending(using=using, after=after, publisher=publisher)
+        done = publish_pending(using=using, after=drain.after, publisher=publisher)
         total = RelayRound(
             total.published + done.published,
             total.refused + done.refused,
@@ -187,13 +243,11 @@ def publish_all(*, using: str = "default", publisher: Publisher | None = None) -
             done.waiting,
             done.full,
         )
-        if done.full:
-            after = done.last_id
-        elif done.waiting:
-            after = None
-            time.sleep(WAITING_PAUSE)
-        else:
+        step = drain.advance(done)
+        if step == Drain.DONE:
             return total
+        if step == Drain.PAUSE:
+            time.sleep(WAITING_PAUSE)
 
 
 def _write_lock_first(using: str) -> None:
@@ -209,15 +263,34 @@ def _key(row: _Row) -> _Key:
     return row.group, row.routing_key
 
 
+def _messages(values: Iterator[tuple[Any, ...]]) -> _Chunk:
+    """Rows as read and the messages they become (in the read-ahead thread, if any: the
+    decoding then overlaps the publishing thread's waits for the broker)."""
+    chunk = []
+    for value in values:
+        row = _Row(*value)
+        properties = _properties(row.properties)
+        item = broker.Outgoing(row.exchange, row.routing_key, bytes(row.body), properties)
+        chunk.append((row, item))
+    return chunk
+
+
 def _overtaking(
-    chunk: list[_Row], firsts: dict[_Key, int], now: datetime, using: str
+    chunk: _Chunk, firsts: dict[_Key, int], clear: set[_Key], now: datetime, using: str
 ) -> tuple[set[_Key], set[_Key]]:
     """(transaction, topic) keys of ``chunk`` with an earlier row still pending that this
     round does not hold (publishing theirs now would overtake it): *waiting*, when that
     row is due (another relay's round has it, or it lies before this round's first row),
     and *deferred*, when it backs off after a refusal. Rows below a key's first row in this
-    round are never this round's. Held rows do not count: an operator decides about them."""
-    keys = {_key(row) for row in chunk}
+    round are never this round's. Held rows do not count: an operator decides about them.
+
+    A key found clear is not asked about again this round (``clear`` remembers it): its
+    first row this round, and so the question, stays the same; a round of one transaction's
+    rows asks once, not once per chunk.
+    """
+    keys = {_key(row) for row, _item in chunk} - clear
+    if not keys:
+        return set(), set()
     earlier = (
         OutboxMessage.objects.using(using)
         .filter(
@@ -233,7 +306,46 @@ def _overtaking(
         key = (group, topic)
         if key in keys and row_id < firsts[key]:
             (waiting if available_at <= now else deferred).add(key)
+    clear.update(keys - waiting - deferred)
     return waiting, deferred - waiting
+
+
+def _read_ahead(chunks: Iterator[_Chunk], depth: int = READ_AHEAD) -> Generator[_Chunk, None, None]:
+    """``chunks`` read by a thread of its own, up to ``depth`` ahead of the one in use.
+
+    On PostgreSQL each chunk is a ``FETCH`` from the round's server-side cursor: a round trip
+    the publishing thread would otherwise wait for between chunks while the broker runs dry.
+    The reader only fetches from the cursor the round opened (the connection's own lock
+    orders it with the round's other statements); it is done, or stopped and joined, before
+    the round deletes and commits.
+    """
+    ready: queue.Queue[_Chunk | BaseException | None] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                ready.put(chunk)
+        except BaseException as exc:  # handed to the publishing thread, raised there
+            ready.put(exc)
+        else:
+            ready.put(None)
+
+    reader = threading.Thread(target=read, name="rmq-outbox-read-ahead", daemon=True)
+    reader.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # let a reader blocked on a full queue see the stop
+            with contextlib.suppress(queue.Empty):
+                ready.get(timeout=0.05)
+        reader.join()
 
 
 def _properties(stored: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +354,9 @@ def _properties(stored: dict[str, Any]) -> dict[str, Any]:
     return props
 
 
-def _count_refusals(refused: list[tuple[_Row, broker.Outgoing]], now: datetime, using: str) -> int:
+def _count_refusals(
+    refused: list[tuple[_Claim, broker.Outgoing]], now: datetime, using: str
+) -> int:
     """Record a refusal on each row: back off, or hold it for an operator after the last try."""
     max_attempts = int(app_settings.OUTBOX_MAX_ATTEMPTS)
     held = 0
