@@ -28,11 +28,12 @@ POSTGRES = connection.vendor == "postgresql"
 
 @pytest.fixture
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slices of 3, 6, then 7 rows; pages of 5; counts capped at 20 (so a search's total is
-    not known and the slices run, as at a million rows)."""
+    """Slices of 3 rows (read row by row), then of 7 (or fewer, sized by the matches seen);
+    pages of 5; counts capped at 20 (so a search's total is not known and the slices run,
+    as at a million rows)."""
     monkeypatch.setattr(newest, "FIRST_SLICE", 3)
-    monkeypatch.setattr(newest, "GROWTH", 2)
     monkeypatch.setattr(newest, "MAX_SLICE", 7)
+    monkeypatch.setattr(newest, "SLICE_MATCHES", 1)
     monkeypatch.setattr(ParkedMessageAdmin, "list_per_page", 5)
     monkeypatch.setattr(CappedPaginator, "cap", 20)
 
@@ -69,6 +70,11 @@ def _sqls(captured: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in captured.captured_queries]
 
 
+def slices(sqls: list[str]) -> list[str]:
+    """The statements that read a slice: the first row by row, the others from bitmaps."""
+    return [s for s in sqls if "OFFSET 0) AS" in s or "AS MATERIALIZED" in s]
+
+
 def plain(monkeypatch: pytest.MonkeyPatch) -> None:
     """The admin as it was: the page is a slice of the plain query."""
     monkeypatch.setattr(admin_module, "newest_first_ids", lambda *args, **kwargs: None)
@@ -103,16 +109,16 @@ def test_pages_of_a_word_only_older_rows_hold_are_those_of_the_plain_query(
         start = (int(p) - 1) * 5
         assert ids == all_matches[start : min(start + 5, 21)], p
         if POSTGRES:
-            slices = [s for s in sqls if "AS MATERIALIZED" in s]
-            # Page 1 needs 5 matches: the slices of 3, 6 and 7 rows hold none, the
-            # next 7 (three tie groups) some; a later page reads more slices.
-            assert len(slices) >= 4, (p, len(slices))
+            # Page 1 needs 5 matches: 40 newer rows do not match, so 3 + 7 * 6 rows
+            # (more with ties) come before the first match; a later page reads more.
+            assert len(slices(sqls)) >= 6, (p, len(slices(sqls)))
+            assert sum("OFFSET 0) AS" in s for s in sqls) == 1
     assert pages["1"][1:] == ("20+", "20+")  # 29 rows, counted up to 21
     plain(monkeypatch)
     for p, shown in pages.items():
         ids, count, html, sqls = page(client, q="declined", p=p)
         assert (ids, count, count_text(html)) == shown, p
-        assert not any("AS MATERIALIZED" in s for s in sqls)
+        assert not slices(sqls)
 
 
 @pytest.mark.django_db
@@ -145,8 +151,7 @@ def test_a_search_with_filters_and_another_order_pages_as_the_plain_query(
         ids, count, html, sqls = page(client, **query)
         assert ids, query
         seen.append((ids, count, count_text(html)))
-        sliced = any("AS MATERIALIZED" in s for s in sqls)
-        assert sliced == (POSTGRES and query.get("o") != f"{at}"), query
+        assert bool(slices(sqls)) == (POSTGRES and query.get("o") != f"{at}"), query
     plain(monkeypatch)
     for query, shown in zip(queries, seen, strict=True):
         ids, count, html, _sqls = page(client, **query)
@@ -161,7 +166,7 @@ def test_a_total_within_the_cap_is_read_in_one_statement_and_pages_the_same(clie
     first, count, html, sqls = page(client, q="declined", p="2")
     assert count == "29" and count_text(html) == "29"
     if POSTGRES:  # the count is exact: every match at once, no slices
-        assert len([s for s in sqls if "AS MATERIALIZED" in s]) == 1
+        assert len(slices(sqls)) == 1
     last, *_ = page(client, q="declined", p="6")
     plain(monkeypatch)
     assert page(client, q="declined", p="2")[0] == first
@@ -180,10 +185,12 @@ def test_after_the_last_slice_the_rest_comes_from_the_plain_query(
 
 
 @pytest.mark.django_db
-def test_newest_first_ids_is_the_plain_querys_prefix_on_random_ties(monkeypatch):
+@pytest.mark.parametrize("slice_matches", [newest.SLICE_MATCHES, 0])
+def test_newest_first_ids_is_the_plain_querys_prefix_on_random_ties(monkeypatch, slice_matches):
     monkeypatch.setattr(newest, "FIRST_SLICE", 2)
-    monkeypatch.setattr(newest, "GROWTH", 3)
+    monkeypatch.setattr(newest, "BITMAP_SLICE", 3)  # then 12, capped at 11
     monkeypatch.setattr(newest, "MAX_SLICE", 11)
+    monkeypatch.setattr(newest, "SLICE_MATCHES", slice_matches)
     rng = random.Random(16)
     now = timezone.now()
     for i in range(120):
