@@ -50,9 +50,13 @@ _Key = tuple[str, str]
 #: Seconds a drain pauses before looking again for rows another relay's round held up.
 WAITING_PAUSE = 0.05
 
-#: Rows read from the database at once within a round (the broker works on the last chunk
+#: Rows turned into messages at once within a round (the broker works on the last chunk
 #: while the next is read).
 CHUNK = 500
+
+#: Rows a database ``FETCH`` returns at once (and the first chunk of a round: the broker
+#: waits for it, so it is small).
+FETCH = 100
 
 #: Chunks a round reads ahead of the one being published (PostgreSQL, see ``_read_ahead``).
 READ_AHEAD = 2
@@ -136,12 +140,12 @@ def publish_pending(
             pending.select_for_update(skip_locked=True)
             .order_by("id")
             .values_list(*_Row._fields)[:limit]
-            .iterator(chunk_size=CHUNK)
+            .iterator(chunk_size=FETCH)
         )
-        chunks = iter(lambda: _messages(itertools.islice(rows, CHUNK)), [])
-        first = next(chunks, None)
-        if first is None:  # nothing due: no broker connection needed
+        first = _messages(itertools.islice(rows, FETCH))
+        if not first:  # nothing due: no broker connection needed
             return RelayRound()
+        chunks: Iterator[_Chunk] = iter(lambda: _messages(itertools.islice(rows, CHUNK)), [])
         if connections[using].vendor == "postgresql":
             chunks = _read_ahead(chunks)
         claimed: dict[int, _Claim] = {}  # id(Outgoing) -> its row's id and attempts
@@ -291,23 +295,46 @@ def _overtaking(
     keys = {_key(row) for row, _item in chunk} - clear
     if not keys:
         return set(), set()
-    earlier = (
-        OutboxMessage.objects.using(using)
-        .filter(
-            group__in={group for group, _topic in keys},
-            status=OutboxStatus.PENDING,
-            id__lt=max(firsts[key] for key in keys),
-        )
-        .values_list("group", "routing_key", "id", "available_at")
-    )
     waiting: set[_Key] = set()
     deferred: set[_Key] = set()
-    for group, topic, row_id, available_at in earlier:
-        key = (group, topic)
-        if key in keys and row_id < firsts[key]:
-            (waiting if available_at <= now else deferred).add(key)
+    for group, topic, due, later in _earlier_rows(keys, firsts, now, using):
+        if due:
+            waiting.add((group, topic))
+        elif later:
+            deferred.add((group, topic))
     clear.update(keys - waiting - deferred)
-    return waiting, deferred - waiting
+    return waiting, deferred
+
+
+def _earlier_rows(
+    keys: set[_Key], firsts: dict[_Key, int], now: datetime, using: str
+) -> list[tuple[str, str, Any, Any]]:
+    """Per key: whether a pending row below its first row this round is due, and whether
+    one backs off. Each answer is one step down the (transaction, id) index from that
+    first row, not a read of every earlier row: a big transaction drained in rounds leaves
+    its deleted rows in the indexes until a vacuum, and a query over all rows below the
+    round (the first version) read more of them each round (17-42 ms a round at 100,000
+    rows)."""
+    conn = connections[using]
+    qn = conn.ops.quote_name
+    table = qn(OutboxMessage._meta.db_table)
+    group, topic, status = qn("group"), qn("routing_key"), qn("status")
+    probe = (
+        f"SELECT 1 FROM {table} o WHERE o.{group} = k.g AND o.{topic} = k.t"
+        f" AND o.{status} = %s AND o.id < k.below AND o.available_at {{}} %s"
+        f" ORDER BY o.{group} DESC, o.id DESC LIMIT 1"
+    )
+    at = conn.ops.adapt_datetimefield_value(now)
+    rows = ", ".join(["(%s, %s, %s)"] * len(keys))
+    sql = (
+        f"WITH k(g, t, below) AS (VALUES {rows})"
+        f" SELECT k.g, k.t, ({probe.format('<=')}), ({probe.format('>')}) FROM k"
+    )
+    params: list[Any] = [v for key in keys for v in (*key, firsts[key])]
+    params += [OutboxStatus.PENDING, at, OutboxStatus.PENDING, at]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
 
 def _read_ahead(chunks: Iterator[_Chunk], depth: int = READ_AHEAD) -> Generator[_Chunk, None, None]:
