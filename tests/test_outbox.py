@@ -368,3 +368,47 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
     got = [p.message_id for _m, p, _b in rmq.get_all(rmq.queue("gamma"))]
     assert got == [r.message_id for r in results]
     assert OutboxMessage.objects.count() == 0
+
+
+@pytest.mark.skipif(
+    not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+    reason="two rounds at once: PostgreSQL only (each round holds its own row locks)",
+)
+def test_overlapped_rounds_keep_each_transaction_s_order_and_stop_at_a_refusal(rmq):
+    """``outbox.overlap``: rounds of 40 rows, two at once, over 5 transactions of 120 rows
+    each on two topics, one of which loses its queue halfway: every routable row published
+    once, in its transaction's order; the overlap stops at the first refused round, the
+    rows behind the refusal wait (deferred), the rest is published by rounds one at a time."""
+    import json
+
+    from django_rmq_retry.outbox import overlap, publish_all
+
+    nobody = Topic("test.nobody-listens")
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with override_settings(
+        RMQ_RETRY=_conf(rmq, OUTBOX_PUBLISH_ON_COMMIT=False, OUTBOX_BATCH_SIZE=40)
+    ):
+        for t in range(5):
+            with transaction.atomic():
+                other.send_many([{"t": t, "i": i} for i in range(120)], outbox=True)
+        done, clean = overlap.drain()
+        assert (done.published, clean) == (600, True)
+        got = [json.loads(b) for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
+        assert got == [{"t": t, "i": i} for t in range(5) for i in range(120)]
+
+        with transaction.atomic():  # a refusal in the fourth round of the next drain
+            other.send_many([{"t": 9, "i": i} for i in range(130)], outbox=True)
+            nobody.send({"t": 9, "i": "x"}, outbox=True)
+            other.send_many([{"t": 9, "i": i} for i in range(130, 200)], outbox=True)
+            nobody.send({"t": 9, "i": "y"}, outbox=True)
+        done, clean = overlap.drain()
+        assert not clean and done.refused == 1
+        total = publish_all()  # rounds one at a time: the later "nobody" row is deferred
+        got = [json.loads(b) for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
+        assert got == [{"t": 9, "i": i} for i in range(200)]
+        assert done.published + total.published == 200
+        left = OutboxMessage.objects.order_by("id")
+        assert [(r.routing_key, r.attempts) for r in left] == [
+            (nobody.routing_key, 1),
+            (nobody.routing_key, 0),
+        ]

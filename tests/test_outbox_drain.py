@@ -1,8 +1,9 @@
-"""The order of a relay's rounds (``outbox.relay.Drain``): pure, no broker or database."""
+"""The order of a relay's rounds (``outbox.drain.Drain``): pure, no broker or database."""
 
 from __future__ import annotations
 
-from django_rmq_retry.outbox.relay import Drain, RelayRound
+from django_rmq_retry.outbox.drain import Drain
+from django_rmq_retry.outbox.relay import RelayRound
 
 
 def _round(last_id: int, *, full: bool, waiting: int = 0) -> RelayRound:

@@ -17,7 +17,9 @@ from ..core.errors import PublishError
 from ..inbox import purge_handled
 from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
-from ..outbox.relay import WAITING_PAUSE, Drain
+from ..outbox.drain import Drain
+from ..outbox.overlap import drain as overlapped
+from ..outbox.relay import WAITING_PAUSE
 from ..parking import group_counts
 from ..threads import start_daemon
 
@@ -94,16 +96,26 @@ class Housekeeper:
             relay_wakeup.wait(float(app_settings.OUTBOX_POLL_SECONDS))
 
     def _relay_round(self) -> str:
-        """One round, where :class:`Drain` says it starts; returns what ``Drain`` says next."""
+        """One round, where :class:`Drain` says it starts; returns what ``Drain`` says next.
+        After a full round on PostgreSQL, the rest of the backlog in overlapped rounds."""
         if self._drain.after is None:
             pending = OutboxMessage.objects.using(self.using).filter(status=OutboxStatus.PENDING)
             if not pending.exists():  # idle: one indexed query, no transaction, no lock
                 return self._drain.advance(RelayRound())
         try:
+            if self._drain.after is not None and connections[self.using].vendor == "postgresql":
+                done, clean = overlapped(using=self.using, after=self._drain.after, stop=self.stop)
+                self._count(done)
+                self._drain.restart()  # what the overlap left: from the oldest row again
+                return Drain.DONE if clean and not done.waiting else Drain.NEXT
             done = publish_pending(using=self.using, after=self._drain.after)
         except BaseException:
             self._drain.restart()
             raise
+        self._count(done)
+        return self._drain.advance(done)
+
+    def _count(self, done: RelayRound) -> None:
         self.published += done.published
         self.held += done.held
         if done.held:
@@ -113,7 +125,6 @@ class Housekeeper:
                 done.held,
                 int(app_settings.OUTBOX_MAX_ATTEMPTS),
             )
-        return self._drain.advance(done)
 
     def _chores(self) -> None:
         try:

@@ -1,9 +1,9 @@
 """The transactional outbox: ``store`` writes a message in the sender's transaction,
 ``relay`` publishes committed rows with confirms and deletes them only once confirmed."""
 
+from .drain import publish_all
 from .relay import (
     RelayRound,
-    publish_all,
     publish_pending,
     relay_wakeup,
     release_held,

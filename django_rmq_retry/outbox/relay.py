@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import queue
 import threading
-import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -129,19 +128,7 @@ def publish_pending(
     with transaction.atomic(using=using):
         _write_lock_first(using)
         now = timezone.now()
-        pending = OutboxMessage.objects.using(using).filter(
-            status=OutboxStatus.PENDING, available_at__lte=now
-        )
-        if group is not None:
-            pending = pending.filter(group=group)
-        if after is not None:
-            pending = pending.filter(id__gt=after)
-        rows = (
-            pending.select_for_update(skip_locked=True)
-            .order_by("id")
-            .values_list(*_Row._fields)[:limit]
-            .iterator(chunk_size=FETCH)
-        )
+        rows = _lock_due_rows(using, now, after=after, limit=limit, group=group)
         first = _messages(itertools.islice(rows, FETCH))
         if not first:  # nothing due: no broker connection needed
             return RelayRound()
@@ -197,61 +184,24 @@ def publish_pending(
     )
 
 
-class Drain:
-    """Where a drain's next round starts, and whether the drain is over.
-
-    On after the last round's last row while rounds are full; then from the oldest row
-    again, after a pause, if any round since the last such pass left rows waiting for
-    another relay's round. A full round that left rows waiting does not go back at once
-    (more rows are after it), but the drain must not end before it went back: ending there
-    would leave those rows to nobody once the other relays end too (``rmq_relay --once``).
-    """
-
-    NEXT, PAUSE, DONE = "next", "pause", "done"
-
-    def __init__(self) -> None:
-        self.after: int | None = None  # the next round reads rows above this id
-        self._left_waiting = False  # rows waiting since the last round from the oldest row
-
-    def advance(self, done: RelayRound) -> str:
-        """After round ``done``: ``NEXT`` at once, ``PAUSE`` first, or ``DONE``."""
-        self._left_waiting = self._left_waiting or done.waiting > 0
-        if done.full:
-            self.after = done.last_id
-            return self.NEXT
-        self.after = None
-        if self._left_waiting:
-            self._left_waiting = False
-            return self.PAUSE
-        return self.DONE
-
-    def restart(self) -> None:
-        """From the oldest row (after an error: the next round reads every pending row)."""
-        self.after = None
-        self._left_waiting = False
-
-
-def publish_all(*, using: str = "default", publisher: Publisher | None = None) -> RelayRound:
-    """Rounds until what is pending now is published (rows waiting after a refusal, or
-    held for an operator, stay), in the order :class:`Drain` gives. Returns the totals."""
-    total = RelayRound()
-    drain = Drain()
-    while True:
-        done = publish_pending(using=using, after=drain.after, publisher=publisher)
-        total = RelayRound(
-            total.published + done.published,
-            total.refused + done.refused,
-            total.held + done.held,
-            total.claimed + done.claimed,
-            done.last_id,
-            done.waiting,
-            done.full,
-        )
-        step = drain.advance(done)
-        if step == Drain.DONE:
-            return total
-        if step == Drain.PAUSE:
-            time.sleep(WAITING_PAUSE)
+def _lock_due_rows(
+    using: str, now: datetime, *, after: int | None, limit: int, group: str | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """The due pending rows above id ``after``, oldest first, each locked as it is read
+    (skipping rows another relay's round holds), ``FETCH`` rows per database round trip."""
+    pending = OutboxMessage.objects.using(using).filter(
+        status=OutboxStatus.PENDING, available_at__lte=now
+    )
+    if group is not None:
+        pending = pending.filter(group=group)
+    if after is not None:
+        pending = pending.filter(id__gt=after)
+    return (
+        pending.select_for_update(skip_locked=True)
+        .order_by("id")
+        .values_list(*_Row._fields)[:limit]
+        .iterator(chunk_size=FETCH)
+    )
 
 
 def _write_lock_first(using: str) -> None:
@@ -307,10 +257,10 @@ def _overtaking(
 
 
 def _earlier_rows(
-    keys: set[_Key], firsts: dict[_Key, int], now: datetime, using: str
+    keys: set[_Key], below: dict[_Key, int], now: datetime, using: str
 ) -> list[tuple[str, str, Any, Any]]:
-    """Per key: whether a pending row below its first row this round is due, and whether
-    one backs off. Each answer is one step down the (transaction, id) index from that
+    """Per key: whether a pending row below id ``below[key]`` (its first row this round) is
+    due, and whether one backs off. Each answer is one step down the (transaction, id) index from that
     first row, not a read of every earlier row: a big transaction drained in rounds leaves
     its deleted rows in the indexes until a vacuum, and a query over all rows below the
     round (the first version) read more of them each round (17-42 ms a round at 100,000
@@ -330,7 +280,7 @@ def _earlier_rows(
         f"WITH k(g, t, below) AS (VALUES {rows})"
         f" SELECT k.g, k.t, ({probe.format('<=')}), ({probe.format('>')}) FROM k"
     )
-    params: list[Any] = [v for key in keys for v in (*key, firsts[key])]
+    params: list[Any] = [v for key in keys for v in (*key, below[key])]
     params += [OutboxStatus.PENDING, at, OutboxStatus.PENDING, at]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
