@@ -296,12 +296,14 @@ class Publisher:
                 raise
 
     def publish_stream(
-        self, items: Iterable[broker.Outgoing], window: int = BATCH_WINDOW
+        self, items: Iterable[broker.Outgoing | None], window: int = BATCH_WINDOW
     ) -> list[broker.Outgoing]:
         """Publish ``items`` as the iterable yields them; return them, each answered.
 
         For a lazy source (the outbox relay reading rows from a database cursor), so
-        reading the next rows overlaps the broker's work on the last ones. No reconnect:
+        reading the next rows overlaps the broker's work on the last ones. A source that
+        waits for the answers to what it gave yields ``None`` while it has nothing else:
+        answers keep arriving meanwhile (items are answered as they come). No reconnect:
         if some item got no answer (connection lost, channel closed, no confirm in time)
         this raises ``PublishError`` whose ``sent`` holds what was published so far (the
         caller keeps the unanswered ones for later).
@@ -309,7 +311,9 @@ class Publisher:
         with self._lock:
             return self._send_stream(items, window)
 
-    def _send_stream(self, items: Iterable[broker.Outgoing], window: int) -> list[broker.Outgoing]:
+    def _send_stream(
+        self, items: Iterable[broker.Outgoing | None], window: int
+    ) -> list[broker.Outgoing]:
         """The transport's part of :meth:`publish_stream` (``testing`` has its own)."""
         sent: list[broker.Outgoing] = []
         try:

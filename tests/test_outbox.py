@@ -375,10 +375,12 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
     reason="two rounds at once: PostgreSQL only (each round holds its own row locks)",
 )
 def test_overlapped_rounds_keep_each_transaction_s_order_and_stop_at_a_refusal(rmq):
-    """``outbox.overlap``: rounds of 40 rows, two at once, over 5 transactions of 120 rows
-    each on two topics, one of which loses its queue halfway: every routable row published
-    once, in its transaction's order; the overlap stops at the first refused round, the
-    rows behind the refusal wait (deferred), the rest is published by rounds one at a time."""
+    """``outbox.overlap``: rounds of 40 rows, overlapping, over 5 transactions of 120 rows:
+    all published once, each transaction in order. Then a transaction with two unroutable
+    rows among 200: every routable row published once and in order; no round starts after
+    the refusal is known (a round already handed over may still refuse the second row, as
+    a round alone would), the rest goes through rounds one at a time, and the unroutable
+    rows stay for their next attempts, in order."""
     import json
 
     from django_rmq_retry.outbox import overlap, publish_all
@@ -402,13 +404,10 @@ def test_overlapped_rounds_keep_each_transaction_s_order_and_stop_at_a_refusal(r
             other.send_many([{"t": 9, "i": i} for i in range(130, 200)], outbox=True)
             nobody.send({"t": 9, "i": "y"}, outbox=True)
         done, clean = overlap.drain()
-        assert not clean and done.refused == 1
-        total = publish_all()  # rounds one at a time: the later "nobody" row is deferred
+        assert not clean and done.refused in (1, 2)
+        total = publish_all()  # rounds one at a time: a "nobody" row not tried is deferred
         got = [json.loads(b) for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
         assert got == [{"t": 9, "i": i} for i in range(200)]
         assert done.published + total.published == 200
-        left = OutboxMessage.objects.order_by("id")
-        assert [(r.routing_key, r.attempts) for r in left] == [
-            (nobody.routing_key, 1),
-            (nobody.routing_key, 0),
-        ]
+        left = [(r.routing_key, r.attempts) for r in OutboxMessage.objects.order_by("id")]
+        assert left == [(nobody.routing_key, 1), (nobody.routing_key, done.refused - 1)]

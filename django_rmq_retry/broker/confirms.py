@@ -26,6 +26,8 @@ logger = logging.getLogger("django_rmq_retry.broker")
 STALL_TIMEOUT = 30.0
 #: Messages of a batch written between two runs of the I/O loop (which sends them).
 FLUSH_EVERY = 100
+#: Seconds the I/O loop runs when a lazy source has nothing to publish yet.
+IDLE_PUMP = 0.002
 
 
 class ConfirmChannel:
@@ -250,17 +252,24 @@ class Pipeline:
         return True
 
     def run(
-        self, items: Iterable[Outgoing], window: int, sent: list[Outgoing] | None = None
+        self, items: Iterable[Outgoing | None], window: int, sent: list[Outgoing] | None = None
     ) -> BatchOutcome:
         """Publish ``items`` as the iterable yields them, then wait for every answer.
 
         The iterable may be lazy (rows read from a database cursor): reading the next ones
-        overlaps the broker's work on those already written. Each item published is
-        appended to ``sent`` (when given) before it is written.
+        overlaps the broker's work on those already written. It may yield ``None`` when it
+        has nothing yet (it waits for the answers to what it gave): the I/O loop then runs
+        for up to ``IDLE_PUMP`` seconds. Each item published is appended to ``sent`` (when
+        given) before it is written.
         """
         outcome = BatchOutcome()
         low = window // 2
-        for number, item in enumerate(items, 1):
+        number = 0
+        for item in items:
+            if item is None:  # the source has nothing yet: take in confirms meanwhile
+                self._pump(IDLE_PUMP)
+                continue
+            number += 1
             if self.unconfirmed >= window and not self._wait_until(low):
                 outcome.timed_out = True
                 return outcome

@@ -1,26 +1,31 @@
-"""Two relay rounds at once (PostgreSQL): the next round locks and reads its rows while this
-one publishes; this one deletes and commits while the next one publishes.
+"""Relay rounds that overlap (PostgreSQL): one publish stream, fed round after round, while
+each round's database work runs beside it.
 
-Rounds one after the other leave the broker idle at each round's end (the DELETE, the COMMIT,
-the next round's first FETCH) and the database idle while the broker works. Here rounds run
-on two threads, each with a database connection (and so a transaction) of its own: round
-k+1 locks the rows after round k's last while round k publishes, and publishes only once
-round k's publish returned with every message confirmed, so messages leave in the order of
-their rows, as they would one round after the other.
+Rounds one after the other leave the broker idle at each round's end (the last confirms, the
+DELETE, the COMMIT, the next round's first FETCH) and the database idle while the broker
+works. Here two threads, each with a database connection (and so a transaction) of its own,
+take turns: round k+1 locks the rows after round k's last as soon as round k has read its
+own, and hands its messages to the one stream right behind round k's; round k waits for the
+broker's answers to its messages, then deletes the confirmed rows and commits while round k+1
+is being published. Messages leave in the order of their rows, as they would one round after
+the other.
 
 Order: round k+1's rows of a (transaction, topic) may have earlier rows in a round still in
 flight here (locked by it, ahead on the wire): those do not hold them back. Any other earlier
-pending row does, as in a round alone (``relay._overtaking``).
-
-Anything but a clean round (a refusal, rows held back, the broker unreachable, a database
-error, ``stop``) ends the overlap: rounds still in flight publish nothing and roll back, and
-the caller goes on with rounds one at a time, which handle all of those.
+pending row does, as in a round alone (``relay._overtaking``). As within a round, a refusal
+(unroutable, nacked) is known only once later messages may be on the wire: the rounds
+already handed over go on, no further round starts, and the caller goes on with rounds one
+at a time, which keep the refused row's later rows of its transaction and topic behind it.
+So do rows held back, the broker unreachable, a database error and ``stop``.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
+import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -28,6 +33,7 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .. import broker
 from ..batches import ids_in
 from ..conf import app_settings
 from ..core.errors import PublishError
@@ -36,42 +42,99 @@ from ..publishing import Publisher, get_publisher
 from . import relay
 from .relay import RelayRound, _Chunk, _Key
 
-#: Body bytes one round reads at most (two or three rounds are in memory at once).
+#: Threads (and database connections) taking turns at rounds: a round waits for its
+#: answers, deletes and commits while the others read and hand over theirs.
+ROUND_THREADS = 2
+
+#: Body bytes one round reads at most (as many rounds as threads are in memory at once).
 ROUND_BYTES = 16 * 1024 * 1024
+#: Rows one FETCH of a round returns.
+ROUND_FETCH = 2000
+#: Seconds a round waiting for answers looks whether the stream has ended meanwhile.
+STREAM_DONE_LOOK = 0.05
 
 
-class _Abandoned(Exception):
-    """Raised inside a round's transaction: roll it back, nothing published."""
+class _Answers:
+    """A round's messages and whether the broker has answered them all.
+
+    :meth:`check` runs on the publishing thread, between messages (answers are set there, by
+    the pipeline's I/O loop); the round's own thread sleeps in :meth:`wait`.
+    """
+
+    def __init__(self, messages: list[broker.Outgoing]) -> None:
+        self.messages = messages
+        self._next = 0  # messages before this one are answered
+        self._all_in = threading.Event()
+
+    def check(self) -> bool:
+        messages, i = self.messages, self._next
+        while i < len(messages) and messages[i].state:
+            i += 1
+        self._next = i
+        if i == len(messages):
+            self._all_in.set()
+            return True
+        return False
+
+    def wait(self, stream_done: threading.Event) -> None:
+        """Until all are answered, or the stream ended (unanswered ones stay unanswered)."""
+        while not self._all_in.wait(STREAM_DONE_LOOK):
+            if stream_done.is_set():
+                self.check()  # the pipeline's last answers came after the stream's end
+                return
 
 
 @dataclass
 class _Turn:
     """One round, as the next round sees it."""
 
-    read: threading.Event = field(default_factory=threading.Event)  # its rows are locked
-    published: threading.Event = field(default_factory=threading.Event)  # its publish returned
+    read: threading.Event = field(default_factory=threading.Event)  # handed over, or not
+    handed: bool = False  # its messages went to the stream (False: the stream ends there)
+    ids: set[int] = field(default_factory=set)  # the rows it publishes
     last_id: int | None = None
     full: bool = False
-    clean: bool = False  # published, every message confirmed, nothing held back
-    ids: set[int] = field(default_factory=set)  # rows it publishes
     result: RelayRound = field(default_factory=RelayRound)
 
 
 class _Overlap:
-    def __init__(
-        self, using: str, publisher: Publisher, after: int | None, stop: threading.Event | None
-    ) -> None:
+    def __init__(self, using: str, after: int | None, stop: threading.Event | None) -> None:
         self.using = using
-        self.publisher = publisher
         self.after = after
         self.stop = stop
         self.limit = int(app_settings.OUTBOX_BATCH_SIZE)
         self.turns: dict[int, _Turn] = {}
         self.lock = threading.Lock()
         self.in_flight: dict[_Key, set[int]] = {}  # rows of rounds not yet committed
-        self.ended = threading.Event()  # no further round may publish
+        self.clear_below: dict[_Key, int] = {}  # per key: no row left behind below this id
+        self.rounds: queue.Queue[_Answers | None] = queue.Queue()
+        self.ended = threading.Event()  # no further round starts
+        self.stream_done = threading.Event()  # nothing more will be answered
+        self.clean = True  # every round published and confirmed all its rows
         self.error: BaseException | None = None
 
+    # The publishing side (the caller's thread) ---------------------------------------------
+    def stream(self) -> Iterator[broker.Outgoing | None]:
+        """Each round's messages as it hands them over, ``None`` while none is ready (the
+        pipeline then takes answers in). Between two messages it tells the rounds waiting
+        for answers that theirs are all in (:class:`_Answers`: no polling thread)."""
+        waiting: collections.deque[_Answers] = collections.deque()
+        while True:
+            while waiting and waiting[0].check():
+                waiting.popleft()
+            try:
+                handed = self.rounds.get_nowait()
+            except queue.Empty:
+                yield None
+                continue
+            if handed is None:
+                return
+            waiting.append(handed)
+            for item in handed.messages:
+                yield item
+                if waiting[0].check():
+                    waiting.popleft()
+
+    # The database side (two threads) ----------------------------------------------------------
     def turn(self, k: int) -> _Turn:
         with self.lock:
             return self.turns.setdefault(k, _Turn())
@@ -79,47 +142,44 @@ class _Overlap:
     def worker(self, first: int) -> None:
         """Rounds ``first``, ``first + 2``, … on this thread and its database connection."""
         try:
-            for k in itertools.count(first, 2):
+            for k in itertools.count(first, ROUND_THREADS):
                 if not self.round(k):
                     return
-        except BaseException as exc:  # raised by drain() once both threads are done
-            with self.lock:
-                self.error = self.error or exc
-            self.ended.set()
         finally:
             connections[self.using].close()
 
     def round(self, k: int) -> bool:
         """Round ``k``; whether another may follow it."""
         me, prev = self.turn(k), (self.turn(k - 1) if k else None)
+        if prev is not None:
+            prev.read.wait()
         try:
-            if prev is not None:
-                prev.read.wait()
-                if not prev.full:
-                    return False
+            if prev is not None and not (prev.handed and prev.full):
+                return False
             if self.ended.is_set() or (self.stop is not None and self.stop.is_set()):
-                self.ended.set()
                 return False
-            try:
-                with transaction.atomic(using=self.using):
-                    self._run(me, prev)
-            except _Abandoned:
-                return False
-            finally:  # committed or rolled back: no longer in flight
-                with self.lock:
-                    for ids in self.in_flight.values():
-                        ids.difference_update(me.ids)
-            return me.full and me.clean
+            with transaction.atomic(using=self.using):
+                self._run(me, prev)
+            return me.full
+        except BaseException as exc:  # raised by drain() once every thread is done
+            with self.lock:
+                self.error = self.error or exc
+            self.ended.set()
+            return False
         finally:
-            me.read.set()  # whatever happened, the next round never waits for ever
-            me.published.set()
+            if not me.handed and (prev is None or prev.handed):
+                self.rounds.put(None)  # the stream ends after the last round handed over
+            me.read.set()
+            with self.lock:  # committed or rolled back: no longer in flight
+                for ids in self.in_flight.values():
+                    ids.difference_update(me.ids)
 
     def _run(self, me: _Turn, prev: _Turn | None) -> None:
         now = timezone.now()
         after = prev.last_id if prev is not None else self.after
         chunk, size = self._read(now, after)
         if not chunk:
-            raise _Abandoned
+            return
         me.last_id = chunk[-1][0].id
         me.full = len(chunk) >= self.limit or size >= ROUND_BYTES
         firsts: dict[_Key, int] = {}
@@ -127,46 +187,48 @@ class _Overlap:
             firsts.setdefault(relay._key(row), row.id)
         with self.lock:
             ahead = {key: set(self.in_flight.get(key, ())) for key in firsts}
-        blocked = _held_back(firsts, ahead, now, self.using)
+        with self.lock:
+            clear_below = dict(self.clear_below)
+        blocked = _held_back(firsts, ahead, clear_below, now, self.using)
+        with self.lock:
+            for key, below in clear_below.items():
+                self.clear_below[key] = max(below, self.clear_below.get(key, 0))
         items = [(row, item) for row, item in chunk if relay._key(row) not in blocked]
         me.ids = {row.id for row, _item in items}
         with self.lock:
             for row, _item in items:
                 self.in_flight.setdefault(relay._key(row), set()).add(row.id)
-        me.read.set()  # the next round may lock the rows after these now
-        if prev is not None:
-            prev.published.wait()
-            if not prev.clean:
-                self.ended.set()
-        if self.ended.is_set():
-            raise _Abandoned
-        claimed = {id(item): relay._Claim(row.id, row.attempts) for row, item in items}
-        unreachable: PublishError | None = None
-        try:
-            sent = self.publisher.publish_stream(iter([item for _row, item in items]))
-        except PublishError as exc:
-            unreachable, sent = exc, getattr(exc, "sent", [])
-        done = [claimed[id(item)].id for item in sent if item.confirmed]
-        refused = [(claimed[id(item)], item) for item in sent if item.nacked or item.returned]
-        me.clean = unreachable is None and not blocked and len(done) == len(items)
-        if not me.clean:
+        if blocked:  # rows wait: rounds one at a time look again from the oldest row
             self.ended.set()
-        me.published.set()  # the next round may publish now, if this one was clean
+            self.clean = False
+        messages = [item for _row, item in items]
+        answers = _Answers(messages)
+        self.rounds.put(answers)
+        me.handed = True
+        me.read.set()  # the next round may lock the rows after these now
+        answers.wait(self.stream_done)
+        claimed = {id(item): relay._Claim(row.id, row.attempts) for row, item in items}
+        done = [claimed[id(i)].id for i in messages if i.confirmed]
+        refused = [(claimed[id(i)], i) for i in messages if i.nacked or i.returned]
+        if len(done) != len(messages):
+            self.ended.set()
+            self.clean = False
         if done:
             OutboxMessage.objects.using(self.using).filter(ids_in(done, self.using)).delete()
         held = relay._count_refusals(refused, now, self.using)
-        left = sum(1 for row, _item in chunk if relay._key(row) in blocked)
+        left = len(chunk) - len(items)
         me.result = RelayRound(len(done), len(refused), held, len(chunk), me.last_id, left)
-        if unreachable is not None:
-            raise unreachable
 
     def _read(self, now: datetime, after: int | None) -> tuple[_Chunk, int]:
         """Lock and read this round's rows (up to the row limit or ``ROUND_BYTES``)."""
-        rows = relay._lock_due_rows(self.using, now, after=after, limit=self.limit)
+        # Few round trips: this thread waits for the interpreter lock after each one while
+        # the publishing thread runs (a FETCH of 100 rows cost a round about 20 such waits).
+        fetch = min(self.limit, ROUND_FETCH)
+        rows = relay._lock_due_rows(self.using, now, after=after, limit=self.limit, fetch=fetch)
         chunk: _Chunk = []
         size = 0
         try:
-            for part in iter(lambda: relay._messages(itertools.islice(rows, relay.FETCH)), []):
+            for part in iter(lambda: relay._messages(itertools.islice(rows, fetch)), []):
                 chunk += part
                 size += sum(len(item.body) for _row, item in part)
                 if size >= ROUND_BYTES:
@@ -179,19 +241,32 @@ class _Overlap:
 
 
 def _held_back(
-    firsts: dict[_Key, int], ahead: dict[_Key, set[int]], now: datetime, using: str
+    firsts: dict[_Key, int],
+    ahead: dict[_Key, set[int]],
+    clear_below: dict[_Key, int],
+    now: datetime,
+    using: str,
 ) -> set[_Key]:
     """Keys with an earlier pending row that is not in a round in flight here: below the
-    earliest such row (``relay._overtaking``'s one-step probe), or between it and this
-    round's first row of the key (rows of the rounds in flight are ahead on the wire; any
-    other row there was left by them, or is another relay's)."""
+    earliest such row (``relay._earlier_rows``'s one-step probe, down to where this drain
+    last found nothing), or between it and this round's first row of the key (rows of the
+    rounds in flight are ahead on the wire; any other row there was left by them, or is
+    another relay's). Keys found clear move ``clear_below`` up to this round's first row:
+    a transaction's rows are all written at its commit, so none appears below it later."""
     keys = set(firsts)
     below = {key: min(ahead[key], default=firsts[key]) for key in keys}
-    blocked = {
-        (group, topic)
-        for group, topic, due, later in relay._earlier_rows(keys, below, now, using)
-        if due or later
-    }
+    probed = {key for key in keys if clear_below.get(key, 0) < below[key]}
+    blocked = (
+        {
+            (group, topic)
+            for group, topic, due, later in relay._earlier_rows(
+                probed, below, now, using, above=clear_below
+            )
+            if due or later
+        }
+        if probed
+        else set()
+    )
     spans = [key for key in keys if key not in blocked and below[key] < firsts[key]]
     if spans:
         between = Q()
@@ -210,6 +285,8 @@ def _held_back(
         for group, topic, row_id in rows:
             if row_id not in ahead[(group, topic)]:
                 blocked.add((group, topic))
+    for key in keys - blocked:
+        clear_below[key] = firsts[key]
     return blocked
 
 
@@ -220,30 +297,41 @@ def drain(
     after: int | None = None,
     stop: threading.Event | None = None,
 ) -> tuple[RelayRound, bool]:
-    """Overlapped rounds from after row ``after`` while they come back full and clean.
+    """Overlapping rounds from after row ``after`` while they come back full.
 
-    Returns the totals (``waiting``: rows held back, summed) and whether every round was
-    clean; if not, rows are left for rounds one at a time. ``PublishError`` and database
-    errors are raised once both threads are done (rows confirmed before are deleted).
+    Returns the totals (``waiting``: rows held back, summed) and whether every round
+    published and confirmed all its rows (if not, rows are left for rounds one at a time).
+    ``PublishError`` and database errors are raised once every thread is done; rows the
+    broker confirmed before are deleted all the same.
     """
-    overlap = _Overlap(using, publisher or get_publisher(), after, stop)
-    threads = [
+    overlap = _Overlap(using, after, stop)
+    workers = [
         threading.Thread(target=overlap.worker, args=(w,), name=f"rmq-outbox-round-{w}")
-        for w in (0, 1)
+        for w in range(ROUND_THREADS)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    for worker in workers:
+        worker.start()
+    unreachable: PublishError | None = None
+    try:
+        (publisher or get_publisher()).publish_stream(overlap.stream())
+    except PublishError as exc:
+        unreachable = exc
+    finally:
+        overlap.ended.set()
+        overlap.stream_done.set()
+        for worker in workers:
+            worker.join()
     if overlap.error is not None:
         raise overlap.error
-    rounds = [t for _k, t in sorted(overlap.turns.items()) if t.result.claimed]
+    if unreachable is not None:
+        raise unreachable
+    rounds = [t.result for _k, t in sorted(overlap.turns.items()) if t.result.claimed]
     total = RelayRound(
-        published=sum(t.result.published for t in rounds),
-        refused=sum(t.result.refused for t in rounds),
-        held=sum(t.result.held for t in rounds),
-        claimed=sum(t.result.claimed for t in rounds),
-        last_id=rounds[-1].result.last_id if rounds else after,
-        waiting=sum(t.result.waiting for t in rounds),
+        published=sum(r.published for r in rounds),
+        refused=sum(r.refused for r in rounds),
+        held=sum(r.held for r in rounds),
+        claimed=sum(r.claimed for r in rounds),
+        last_id=rounds[-1].last_id if rounds else after,
+        waiting=sum(r.waiting for r in rounds),
     )
-    return total, all(t.clean for t in rounds)
+    return total, overlap.clean

@@ -185,10 +185,16 @@ def publish_pending(
 
 
 def _lock_due_rows(
-    using: str, now: datetime, *, after: int | None, limit: int, group: str | None = None
+    using: str,
+    now: datetime,
+    *,
+    after: int | None,
+    limit: int,
+    group: str | None = None,
+    fetch: int = FETCH,
 ) -> Iterator[tuple[Any, ...]]:
     """The due pending rows above id ``after``, oldest first, each locked as it is read
-    (skipping rows another relay's round holds), ``FETCH`` rows per database round trip."""
+    (skipping rows another relay's round holds), ``fetch`` rows per database round trip."""
     pending = OutboxMessage.objects.using(using).filter(
         status=OutboxStatus.PENDING, available_at__lte=now
     )
@@ -200,7 +206,7 @@ def _lock_due_rows(
         pending.select_for_update(skip_locked=True)
         .order_by("id")
         .values_list(*_Row._fields)[:limit]
-        .iterator(chunk_size=FETCH)
+        .iterator(chunk_size=fetch)
     )
 
 
@@ -257,30 +263,37 @@ def _overtaking(
 
 
 def _earlier_rows(
-    keys: set[_Key], below: dict[_Key, int], now: datetime, using: str
+    keys: set[_Key],
+    below: dict[_Key, int],
+    now: datetime,
+    using: str,
+    above: dict[_Key, int] | None = None,
 ) -> list[tuple[str, str, Any, Any]]:
-    """Per key: whether a pending row below id ``below[key]`` (its first row this round) is
-    due, and whether one backs off. Each answer is one step down the (transaction, id) index from that
-    first row, not a read of every earlier row: a big transaction drained in rounds leaves
-    its deleted rows in the indexes until a vacuum, and a query over all rows below the
-    round (the first version) read more of them each round (17-42 ms a round at 100,000
-    rows)."""
+    """Per key: whether a pending row below id ``below[key]`` (and at or above
+    ``above[key]``, if given) is due, and whether one backs off.
+
+    Each answer is one step down the (transaction, id) index, not a read of every earlier
+    row: a big transaction drained in rounds leaves its deleted rows in the indexes until a
+    vacuum, and a query over all rows below the round (the first version) read more of them
+    each round (17-42 ms a round at 100,000 rows). ``above`` stops the step where an earlier
+    check of the same drain found nothing: without it, a key with no earlier row walks every
+    deleted row of its transaction each round."""
     conn = connections[using]
     qn = conn.ops.quote_name
     table = qn(OutboxMessage._meta.db_table)
     group, topic, status = qn("group"), qn("routing_key"), qn("status")
     probe = (
         f"SELECT 1 FROM {table} o WHERE o.{group} = k.g AND o.{topic} = k.t"
-        f" AND o.{status} = %s AND o.id < k.below AND o.available_at {{}} %s"
-        f" ORDER BY o.{group} DESC, o.id DESC LIMIT 1"
+        f" AND o.{status} = %s AND o.id < k.below AND o.id >= k.above"
+        f" AND o.available_at {{}} %s ORDER BY o.{group} DESC, o.id DESC LIMIT 1"
     )
     at = conn.ops.adapt_datetimefield_value(now)
-    rows = ", ".join(["(%s, %s, %s)"] * len(keys))
+    rows = ", ".join(["(%s, %s, %s, %s)"] * len(keys))
     sql = (
-        f"WITH k(g, t, below) AS (VALUES {rows})"
+        f"WITH k(g, t, below, above) AS (VALUES {rows})"
         f" SELECT k.g, k.t, ({probe.format('<=')}), ({probe.format('>')}) FROM k"
     )
-    params: list[Any] = [v for key in keys for v in (*key, below[key])]
+    params: list[Any] = [v for key in keys for v in (*key, below[key], (above or {}).get(key, 0))]
     params += [OutboxStatus.PENDING, at, OutboxStatus.PENDING, at]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)

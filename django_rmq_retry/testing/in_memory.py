@@ -311,8 +311,11 @@ class _MemoryPublisher(Publisher):
             item.state = "ack"
 
     def _send_stream(self, items: Iterable[Any], window: int) -> list[Any]:
-        sent = list(items)
-        self._send_batch(sent, window)
+        sent = []
+        for item in items:  # each answered at once: a lazy source may wait for answers
+            if item is not None:  # None: "nothing yet" (see Publisher.publish_stream)
+                self._send_batch([item], window)
+                sent.append(item)
         return sent
 
     def close(self) -> None:
