@@ -34,7 +34,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import broker
-from ..batches import ids_in
 from ..conf import app_settings
 from ..core.errors import PublishError
 from ..models import OutboxMessage, OutboxStatus
@@ -187,12 +186,11 @@ class _Overlap:
             firsts.setdefault(relay._key(row), row.id)
         with self.lock:
             ahead = {key: set(self.in_flight.get(key, ())) for key in firsts}
-        with self.lock:
-            clear_below = dict(self.clear_below)
+            clear_below = {key: self.clear_below.get(key, 0) for key in firsts}
         blocked = _held_back(firsts, ahead, clear_below, now, self.using)
-        with self.lock:
-            for key, below in clear_below.items():
-                self.clear_below[key] = max(below, self.clear_below.get(key, 0))
+        with self.lock:  # a transaction's rows are all written at its commit: none appears
+            for key in firsts.keys() - blocked:  # below a key found clear later on
+                self.clear_below[key] = max(firsts[key], self.clear_below.get(key, 0))
         items = [(row, item) for row, item in chunk if relay._key(row) not in blocked]
         me.ids = {row.id for row, _item in items}
         with self.lock:
@@ -207,17 +205,13 @@ class _Overlap:
         me.handed = True
         me.read.set()  # the next round may lock the rows after these now
         answers.wait(self.stream_done)
-        claimed = {id(item): relay._Claim(row.id, row.attempts) for row, item in items}
-        done = [claimed[id(i)].id for i in messages if i.confirmed]
-        refused = [(claimed[id(i)], i) for i in messages if i.nacked or i.returned]
-        if len(done) != len(messages):
+        if not all(item.confirmed for item in messages):
             self.ended.set()
             self.clean = False
-        if done:
-            OutboxMessage.objects.using(self.using).filter(ids_in(done, self.using)).delete()
-        held = relay._count_refusals(refused, now, self.using)
+        claimed = {id(item): relay._Claim(row.id, row.attempts) for row, item in items}
+        published, refused, held = relay._settle(claimed, messages, now, self.using)
         left = len(chunk) - len(items)
-        me.result = RelayRound(len(done), len(refused), held, len(chunk), me.last_id, left)
+        me.result = RelayRound(published, refused, held, len(chunk), me.last_id, left)
 
     def _read(self, now: datetime, after: int | None) -> tuple[_Chunk, int]:
         """Lock and read this round's rows (up to the row limit or ``ROUND_BYTES``)."""
@@ -251,8 +245,7 @@ def _held_back(
     earliest such row (``relay._earlier_rows``'s one-step probe, down to where this drain
     last found nothing), or between it and this round's first row of the key (rows of the
     rounds in flight are ahead on the wire; any other row there was left by them, or is
-    another relay's). Keys found clear move ``clear_below`` up to this round's first row:
-    a transaction's rows are all written at its commit, so none appears below it later."""
+    another relay's)."""
     keys = set(firsts)
     below = {key: min(ahead[key], default=firsts[key]) for key in keys}
     probed = {key for key in keys if clear_below.get(key, 0) < below[key]}
@@ -285,8 +278,6 @@ def _held_back(
         for group, topic, row_id in rows:
             if row_id not in ahead[(group, topic)]:
                 blocked.add((group, topic))
-    for key in keys - blocked:
-        clear_below[key] = firsts[key]
     return blocked
 
 

@@ -172,16 +172,10 @@ def publish_pending(
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
-        done = [claimed[id(item)].id for item in sent if item.confirmed]
-        refused = [(claimed[id(item)], item) for item in sent if item.nacked or item.returned]
-        if done:
-            OutboxMessage.objects.using(using).filter(ids_in(done, using)).delete()
-        held = _count_refusals(refused, now, using)
+        published, refused, held = _settle(claimed, sent, now, using)
     if unreachable is not None:
         raise unreachable
-    return RelayRound(
-        len(done), len(refused), held, read[0], read[1] or None, read[2], read[0] >= limit
-    )
+    return RelayRound(published, refused, held, read[0], read[1] or None, read[2], read[0] >= limit)
 
 
 def _lock_due_rows(
@@ -342,6 +336,19 @@ def _properties(stored: dict[str, Any]) -> dict[str, Any]:
     props = headers_from_json(stored)
     props.setdefault("headers", {})
     return props
+
+
+def _settle(
+    claimed: dict[int, _Claim], answered: list[broker.Outgoing], now: datetime, using: str
+) -> tuple[int, int, int]:
+    """What the broker said about a round's messages, written down: the confirmed rows
+    deleted, each refusal recorded. ``claimed`` maps ``id(message)`` to its row; messages
+    without an answer are left as they are. Returns (published, refused, newly held)."""
+    done = [claimed[id(item)].id for item in answered if item.confirmed]
+    refused = [(claimed[id(item)], item) for item in answered if item.nacked or item.returned]
+    if done:
+        OutboxMessage.objects.using(using).filter(ids_in(done, using)).delete()
+    return len(done), len(refused), _count_refusals(refused, now, using)
 
 
 def _count_refusals(
