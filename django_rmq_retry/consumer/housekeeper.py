@@ -106,8 +106,7 @@ class Housekeeper:
             if self._drain.after is not None and connections[self.using].vendor == "postgresql":
                 done, clean = overlapped(using=self.using, after=self._drain.after, stop=self.stop)
                 self._count(done)
-                self._drain.restart()  # what the overlap left: from the oldest row again
-                return Drain.DONE if clean and not done.waiting else Drain.NEXT
+                return self._drain.after_overlap(done, clean)
             done = publish_pending(using=self.using, after=self._drain.after)
         except BaseException:
             self._drain.restart()

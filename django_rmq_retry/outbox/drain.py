@@ -57,6 +57,15 @@ class Drain:
             return self.PAUSE
         return self.DONE
 
+    def after_overlap(self, done: RelayRound, clean: bool) -> str:
+        """After overlapped rounds (``overlap.drain``: they end the forward pass), ``NEXT``
+        from the oldest row, or ``DONE``. Not done while rows wait: rows the overlap left,
+        or rows a round before it left waiting (the overlap went on after that round, so
+        those were never looked at again: ending here left them to nobody)."""
+        waited = self._left_waiting or done.waiting > 0
+        self.restart()
+        return self.DONE if clean and not waited else self.NEXT
+
     def restart(self) -> None:
         """From the oldest row (after an error: the next round reads every pending row)."""
         self.after = None
