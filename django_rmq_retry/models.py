@@ -269,6 +269,9 @@ class OutboxMessage(models.Model):
     message_id = models.CharField(_("message id"), max_length=255, blank=True)
     body = models.BinaryField(_("body"))
     properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
+    #: The same properties AMQP-encoded by the sender (``broker.wire``): the relay publishes
+    #: these bytes as they are. Empty on rows written before migration 0009: the relay encodes their JSON.
+    wire_properties = models.BinaryField(_("encoded properties"), null=True)
     created_at = models.DateTimeField(_("created"))
     status = models.CharField(
         _("status"), max_length=8, choices=OutboxStatus.choices, default=OutboxStatus.PENDING

@@ -4,6 +4,7 @@ once confirmed, keep their transaction's order, and survive a broker that is dow
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -411,3 +412,55 @@ def test_overlapped_rounds_keep_each_transaction_s_order_and_stop_at_a_refusal(r
         assert done.published + total.published == 200
         left = [(r.routing_key, r.attempts) for r in OutboxMessage.objects.order_by("id")]
         assert left == [(nobody.routing_key, 1), (nobody.routing_key, done.refused - 1)]
+
+
+def test_a_relayed_message_carries_the_properties_a_direct_send_carries(rmq):
+    """The relay publishes the properties the sender encoded (``wire_properties``), and rows
+    written before that column (only the JSON copy) the same: a consumer cannot tell the
+    three apart. Awkward values on purpose: bytes, NUL in text, nested tables, decimals."""
+    import datetime
+    import decimal
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    headers = {
+        "tenant": "acme",
+        "raw": b"\x00\xffbytes",
+        "nul": "a\x00b",
+        "nested": {"list": [1, "two", {"three": True}], "deep": {"x": None}},
+        "when": datetime.datetime(2026, 11, 25, 10, 0, tzinfo=datetime.timezone.utc),
+        "price": decimal.Decimal("12.34"),
+        "big": 2**40,
+    }
+    props = {"correlation_id": "corr-1", "priority": 7, "type": "order.paid", "reply_to": "r"}
+    conf = _conf(rmq, OUTBOX_PUBLISH_ON_COMMIT=False)
+    with override_settings(RMQ_RETRY=conf):
+        direct = other.send({"id": 0}, headers=headers, **props)
+        with transaction.atomic():
+            other.send({"id": 1}, outbox=True, headers=headers, **props)
+            other.send({"id": 2}, outbox=True, headers=headers, **props)
+        assert OutboxMessage.objects.filter(wire_properties__isnull=True).count() == 0
+        old = OutboxMessage.objects.order_by("id").last()
+        OutboxMessage.objects.filter(pk=old.pk).update(wire_properties=None)  # an older row
+        assert publish_pending().published == 2
+    got = rmq.get_all(rmq.queue("gamma"))
+    assert [json.loads(body)["id"] for _m, _p, body in got] == [0, 1, 2]
+    assert got[0][1].message_id == direct.message_id
+
+    def seen(p):  # what differs by design: the id and the second it was sent
+        return {k: v for k, v in vars(p).items() if k not in ("message_id", "timestamp")}
+
+    assert seen(got[1][1]) == seen(got[0][1])
+    assert seen(got[2][1]) == seen(got[0][1])
+    assert got[0][1].headers["raw"] == b"\x00\xffbytes"  # the comparison is not vacuous
+    assert got[1][1].headers["nested"]["list"][2] == {"three": True}
+    assert all(p.message_id for _m, p, _b in got)
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_header_amqp_cannot_carry_raises_at_the_send_and_writes_nothing(rmq):
+    with transaction.atomic():
+        with pytest.raises(Exception):  # noqa: B017 - whatever pika raises for the value
+            other.send({"id": 1}, outbox=True, headers={"bad": object()})
+        with pytest.raises(Exception):  # noqa: B017
+            other.send({"id": 2}, outbox=True, message_id="x" * 300)  # AMQP: 255 bytes
+        assert OutboxMessage.objects.count() == 0

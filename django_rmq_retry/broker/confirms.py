@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pika
+
 from ..core.errors import ConnectionLost
 from .connection import Connection, to_pika
 from .errors import LOST, describe
+from .wire import Encoded
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
@@ -74,20 +77,23 @@ class ConfirmChannel:
         exchange: str,
         routing_key: str,
         body: bytes,
-        properties: Mapping[str, Any],
+        properties: Mapping[str, Any] | Encoded,
         on_settled: Callable[[bool, bool], None],
     ) -> None:
+        """Publish; ``properties`` are our mapping, or already encoded (:mod:`.wire`)."""
         if self.broken is not None:
             raise ConnectionLost(f"confirm channel closed: {describe(self.broken)}")
         tag = self.next_tag
         self.next_tag += 1
-        message_id = properties.get("message_id")
+        on_wire: Encoded | pika.BasicProperties
+        if isinstance(properties, Encoded):
+            message_id, on_wire = properties.message_id, properties
+        else:
+            message_id, on_wire = properties.get("message_id"), to_pika(properties)
         self.pending[tag] = _Pending(on_settled, message_id, exchange, routing_key, body)
         self._by_message.setdefault(message_id, []).append(tag)
         try:
-            self.impl.basic_publish(
-                exchange, routing_key, body, to_pika(properties), mandatory=True
-            )
+            self.impl.basic_publish(exchange, routing_key, body, on_wire, mandatory=True)
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
@@ -149,22 +155,43 @@ def settled_reason(acked: bool, returned: bool) -> str:
 
 
 class Outgoing:
-    """One message of a batch and what the broker said about it."""
+    """One message of a batch and what the broker said about it.
 
-    __slots__ = ("body", "exchange", "properties", "returned", "routing_key", "state")
+    Its properties are a mapping, or bytes encoded when the message was written
+    (``wire``: the outbox's rows), published as they are and decoded only if asked for.
+    """
+
+    __slots__ = ("_properties", "body", "exchange", "returned", "routing_key", "state", "wire")
 
     def __init__(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: Mapping[str, Any] | None,
+        wire: Encoded | None = None,
     ) -> None:
+        if properties is None and wire is None:
+            raise TypeError("Outgoing needs its properties, as a mapping or encoded")
         self.exchange = exchange
         self.routing_key = routing_key
         self.body = body
-        self.properties = properties
+        self._properties = properties
+        self.wire = wire
         self.state = ""  # "" unsent/unknown, "ack", "nack"
         self.returned = False
 
     @property
+    def properties(self) -> Mapping[str, Any]:
+        if self._properties is None:
+            assert self.wire is not None
+            self._properties = self.wire.decode()
+        return self._properties
+
+    @property
     def message_id(self) -> Any:
+        if self.wire is not None:
+            return self.wire.message_id
         return self.properties.get("message_id")
 
     @property
@@ -283,7 +310,7 @@ class Pipeline:
                 item.exchange,
                 item.routing_key,
                 item.body,
-                item.properties,
+                item.properties if item.wire is None else item.wire,
                 functools.partial(self._settle, item),
             )
             if number % FLUSH_EVERY == 0:

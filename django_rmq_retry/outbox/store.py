@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from .. import broker
 from ..conf import app_settings, current_names
 from ..core.envelope import build_properties
 from ..core.json_columns import json_safe_headers
@@ -64,13 +65,15 @@ def enqueue_many(
     using: str | None = None,
     **properties: Any,
 ) -> list[PublishResult]:
-    """:func:`enqueue` for several bodies: one multi-row INSERT. Every body is encoded
-    before anything is written, so a body that is not JSON serialisable writes nothing."""
+    """:func:`enqueue` for several bodies: one multi-row INSERT. Every body and its
+    properties are encoded before anything is written, so a body that is not JSON
+    serialisable (or a header AMQP cannot carry) writes nothing and raises here."""
     names = current_names()
     messages = []
     for body in bodies:
         data, ctype = encode_body(body, content_type)
-        messages.append((data, build_properties(ctype, headers, properties, names)))
+        props = build_properties(ctype, headers, properties, names)
+        messages.append((data, props, _wire(props)))
     if not messages:
         return []
     db = using or router.db_for_write(OutboxMessage)
@@ -86,17 +89,31 @@ def enqueue_many(
                 message_id=str(props.get("message_id") or "")[:255],
                 body=data,
                 properties=json_safe_headers({k: v for k, v in props.items() if v is not None}),
+                wire_properties=wire,
                 created_at=now,
                 available_at=now,
             )
-            for data, props in messages
+            for data, props, wire in messages
         ],
         batch_size=1000,
     )
     rows_written.set()
     if not in_transaction:  # autocommit: the rows are committed already
         _committed(db, group)
-    return [PublishResult(p["message_id"], names.work_exchange, routing_key) for _d, p in messages]
+    return [
+        PublishResult(p["message_id"], names.work_exchange, routing_key) for _d, p, _w in messages
+    ]
+
+
+def _wire(properties: Mapping[str, Any]) -> bytes | None:
+    """The properties AMQP-encoded for the relay (raising here if AMQP cannot carry them).
+
+    The relay knows an encoded message's id from the row's ``message_id`` column (a returned
+    message is matched by it); an id that column cannot hold exactly (not a non-empty text)
+    leaves the row to the JSON copy."""
+    encoded = broker.encode_properties(properties)
+    message_id = properties.get("message_id")
+    return encoded if message_id is None or (isinstance(message_id, str) and message_id) else None
 
 
 def _group(db: str) -> str:
