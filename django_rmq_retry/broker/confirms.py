@@ -16,12 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pika
-
 from ..core.errors import ConnectionLost
-from .connection import Connection, to_pika
+from .connection import Connection
 from .errors import LOST, describe
-from .wire import Encoded
+from .wire import Encoded, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
@@ -85,11 +83,11 @@ class ConfirmChannel:
             raise ConnectionLost(f"confirm channel closed: {describe(self.broken)}")
         tag = self.next_tag
         self.next_tag += 1
-        on_wire: Encoded | pika.BasicProperties
         if isinstance(properties, Encoded):
             message_id, on_wire = properties.message_id, properties
         else:
-            message_id, on_wire = properties.get("message_id"), to_pika(properties)
+            message_id = properties.get("message_id")
+            on_wire = Encoded(encode_properties(properties), message_id)
         self.pending[tag] = _Pending(on_settled, message_id, exchange, routing_key, body)
         self._by_message.setdefault(message_id, []).append(tag)
         try:

@@ -10,6 +10,7 @@ bytes to the connection (:class:`Encoded`) without looking inside.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,9 +46,122 @@ class Encoded:
 def encode_properties(properties: Mapping[str, Any]) -> bytes:
     """``properties`` (our names, pika's values) as the content header carries them.
 
+    The same bytes pika writes (``tests/test_wire.py`` compares them on generated input), at
+    about a third of the CPU: pika builds a properties object per message and encodes its
+    header table value by value through a chain of ``isinstance`` checks, which was the
+    largest cost of publishing a requeued message (a table of six headers). Values of any
+    other type than the usual ones (decimals, datetimes, subclasses) and every error take
+    pika's own path, so what pika accepts, refuses and raises stays the same.
+
     Raises what pika raises for a value AMQP cannot carry: at the sender's call, where the
     mistake is, not later in a relay."""
-    return b"".join(to_pika(properties).encode())
+    try:
+        return _encode(properties)
+    except Exception:  # an unusual value, or an error: pika's own path says which
+        return b"".join(to_pika(properties).encode())
+
+
+class _Unusual(Exception):
+    """A value the fast path leaves to pika."""
+
+
+_BYTE = [bytes((i,)) for i in range(256)]
+_U32 = struct.Struct(">I").pack
+_INT = struct.Struct(">ci").pack
+_LONG = struct.Struct(">cq").pack
+_TIMESTAMP = struct.Struct(">Q").pack
+_FLAGS = struct.Struct(">H").pack
+_INT32 = range(-(2**31), 2**31)
+_INT64 = range(-(2**63), 2**63)
+
+#: (property, its flag bit, how it is encoded), in the order AMQP 0-9-1 lays them out.
+_LAYOUT = (
+    ("content_type", 1 << 15, "s"),
+    ("content_encoding", 1 << 14, "s"),
+    ("headers", 1 << 13, "table"),
+    ("delivery_mode", 1 << 12, "octet"),
+    ("priority", 1 << 11, "octet"),
+    ("correlation_id", 1 << 10, "s"),
+    ("reply_to", 1 << 9, "s"),
+    ("expiration", 1 << 8, "s"),
+    ("message_id", 1 << 7, "s"),
+    ("timestamp", 1 << 6, "timestamp"),
+    ("type", 1 << 5, "s"),
+    ("user_id", 1 << 4, "s"),
+    ("app_id", 1 << 3, "s"),
+    ("cluster_id", 1 << 2, "s"),
+)
+
+
+def _encode(properties: Mapping[str, Any]) -> bytes:
+    flags = 0
+    pieces: list[bytes] = []
+    for name, flag, kind in _LAYOUT:
+        value = properties.get(name)
+        if value is None:
+            continue
+        flags |= flag
+        if kind == "s":
+            pieces.append(_short(value))
+        elif kind == "table":
+            if type(value) is not dict:
+                raise _Unusual
+            pieces.append(_table(value))
+        elif kind == "octet":
+            if type(value) is not int or not 0 <= value <= 255:
+                raise _Unusual
+            pieces.append(_BYTE[value])
+        else:
+            if type(value) is not int or not 0 <= value < 2**64:
+                raise _Unusual
+            pieces.append(_TIMESTAMP(value))
+    return _FLAGS(flags) + b"".join(pieces)
+
+
+def _short(value: Any) -> bytes:
+    if type(value) is str:
+        data = value.encode()
+    elif type(value) is bytes:
+        data = value
+    else:
+        raise _Unusual
+    if len(data) > 255:
+        raise _Unusual
+    return _BYTE[len(data)] + data
+
+
+def _table(table: dict[Any, Any]) -> bytes:
+    pieces = []
+    for key, value in table.items():
+        pieces.append(_short(key))
+        pieces.append(_value(value))
+    data = b"".join(pieces)
+    return _U32(len(data)) + data
+
+
+def _value(value: Any) -> bytes:
+    kind = type(value)
+    if kind is str:
+        data = value.encode()
+        return b"S" + _U32(len(data)) + data
+    if kind is int:
+        if value in _INT32:
+            return _INT(b"I", value)
+        if value in _INT64:
+            return _LONG(b"l", value)
+        raise _Unusual
+    if kind is bool:
+        return b"t\x01" if value else b"t\x00"
+    if value is None:
+        return b"V"
+    if kind is dict:
+        return b"F" + _table(value)
+    if kind is list:
+        data = b"".join([_value(item) for item in value])
+        return b"A" + _U32(len(data)) + data
+    if kind is bytes:
+        return b"x" + _U32(len(value)) + value
+    raise _Unusual
 
 
 def decode_properties(data: bytes) -> dict[str, Any]:
