@@ -270,7 +270,8 @@ class OutboxMessage(models.Model):
     body = models.BinaryField(_("body"))
     properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
     #: The same properties AMQP-encoded by the sender (``broker.wire``): the relay publishes
-    #: these bytes as they are. Empty on rows written before migration 0009: the relay encodes their JSON.
+    #: these bytes as they are. Empty on rows written before migration 0009 (and for a
+    #: message id the ``message_id`` column cannot hold exactly): the relay encodes the JSON.
     wire_properties = models.BinaryField(_("encoded properties"), null=True)
     created_at = models.DateTimeField(_("created"))
     status = models.CharField(

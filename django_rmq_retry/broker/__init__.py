@@ -1,8 +1,9 @@
 """The transport edge: the only package that imports pika.
 
 Connections and channels (``connection``), publishing with confirms in flight
-(``confirms``), properties encoded once for the outbox (``wire``), topology declaration (``topology``), the header-decoding guard
-(``headerguard``) and pika's errors translated into ours (``errors``). pika 2.0 drops
+(``confirms``), message properties encoded (``wire``), frames joined (``writes``), topology
+declaration (``topology``), the header-decoding guard (``headerguard``) and pika's errors
+translated into ours (``errors``). pika 2.0 drops
 ``BlockingConnection``; a transport swap touches this package only.
 """
 
