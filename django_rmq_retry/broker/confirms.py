@@ -19,6 +19,7 @@ from typing import Any
 from ..core.errors import ConnectionLost
 from .connection import Connection
 from .errors import LOST, describe
+from .frames import FrameWriter
 from .wire import Encoded, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")
@@ -55,6 +56,7 @@ class ConfirmChannel:
         self.broken: BaseException | None = None
         self.on_broken: Callable[[], None] | None = None
         self.ready = False
+        self._frames = FrameWriter(self.impl)
         self.impl.add_on_return_callback(self._on_return)
         self.impl.add_on_close_callback(self._on_close)
         # No need to wait for confirm.select-ok before publishing: the broker handles it
@@ -91,7 +93,11 @@ class ConfirmChannel:
         self.pending[tag] = _Pending(on_settled, message_id, exchange, routing_key, body)
         self._by_message.setdefault(message_id, []).append(tag)
         try:
-            self.impl.basic_publish(exchange, routing_key, body, on_wire, mandatory=True)
+            if not (
+                self._frames.usable
+                and self._frames.publish(exchange, routing_key, body, on_wire.data, True)
+            ):
+                self.impl.basic_publish(exchange, routing_key, body, on_wire, mandatory=True)
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
