@@ -2,11 +2,13 @@
 """Profile our consumer on one benchmark workload with py-spy (all threads sampled).
 
     .venv/bin/pip install py-spy          # bench-only tool, not a dependency
-    .venv/bin/python bench/profile.py happy|retry|park [N] [--db postgres]
+    .venv/bin/python bench/profile.py happy|retry|park|requeue [N] [--db postgres] [--gil]
 
 Pre-publishes N messages, runs ``rmq_consume`` under ``py-spy record --format raw``, and
 prints the functions with the most samples: own time ("self") and inclusive ("total"),
-idle waits excluded. Cleans up like ``bench/run.py``.
+idle waits excluded. ``requeue`` seeds N parked rows instead and profiles
+``parking.requeue()`` of them (``bench.dbtool requeue``). ``--gil``: only samples of the
+thread holding the interpreter lock. Cleans up like ``bench/run.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, Run, manage_cmd, publish_bodies, setup_django, wait_depth
 
 WORKLOADS = {"happy": ("bench_noop", "bench.noop"), "retry": ("bench_retry", "bench.retry"),
-             "park": ("bench_park", "bench.park")}  # fmt: skip
+             "park": ("bench_park", "bench.park"), "requeue": ("bench_requeue", "")}  # fmt: skip
 
 
 def summarise(raw: Path, top: int) -> str:
@@ -53,6 +55,7 @@ def main() -> int:
     parser.add_argument("n", nargs="?", type=int, default=20_000)
     parser.add_argument("--db", default="sqlite", choices=["sqlite", "postgres"])
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--gil", action="store_true", help="sample the GIL holder only")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the consumer")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -61,18 +64,27 @@ def main() -> int:
         setup_django(run)
         from bench.common import queue_name
 
-        short, key = WORKLOADS[args.workload]
-        publish_bodies(key, args.n)
-        wait_depth(queue_name(short), args.n)
         out = run.path("pyspy.txt")
         extra = dict(kv.split("=", 1) for kv in args.env)
-        cmd = manage_cmd("rmq_consume", short, "--max-messages", str(args.n), "--prefetch", "20")
+        if args.workload == "requeue":
+            tag = "profile"
+            seed = [sys.executable, "-m", "bench.dbtool", "seed", str(args.n), tag]
+            subprocess.run(seed, cwd=ROOT, env=run.env(args.db, **extra), check=True)
+            cmd = [sys.executable, "-m", "bench.dbtool", "requeue", tag]
+        else:
+            short, key = WORKLOADS[args.workload]
+            publish_bodies(key, args.n)
+            wait_depth(queue_name(short), args.n)
+            cmd = manage_cmd(
+                "rmq_consume", short, "--max-messages", str(args.n), "--prefetch", "20"
+            )
+        record = [spy, "record", "--format", "raw", "--rate", "250", "-o", str(out)]
         subprocess.run(
-            [spy, "record", "--format", "raw", "--rate", "250", "-o", str(out), "--", *cmd],
+            [*record, *(["--gil"] if args.gil else []), "--", *cmd],
             cwd=ROOT,
             env=run.env(args.db, **extra),
             check=True,
-            stdout=subprocess.DEVNULL,
+            stdout=None if args.workload == "requeue" else subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         print(summarise(out, args.top))
