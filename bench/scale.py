@@ -317,8 +317,14 @@ def pages(timer: Timer, rows: int) -> None:
 class _ConfirmAll:
     """A publisher that confirms every message at once: a requeue's database side only."""
 
-    def publish_raw_many(self, messages: list[Any], window: int = 0) -> list[bool]:
-        return [True] * len(messages)
+    def publish_batches(
+        self, batches: Any, answered: Any, window: int = 0, most: Any = None
+    ) -> None:
+        for batch in batches:
+            if batch is not None:
+                for item in batch:
+                    item.state = "ack"
+                answered(batch)
 
 
 def bulk(timer: Timer) -> None:

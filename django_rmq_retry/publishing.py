@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from django.core.serializers.json import DjangoJSONEncoder
 
 from . import broker
+from .batch_stream import Batch, BatchStream
 from .conf import app_settings, current_names, current_plan
 from .core import bodies
 from .core.envelope import build_properties
@@ -310,14 +311,19 @@ class Publisher:
         this raises ``PublishError`` whose ``sent`` holds what was published so far (the
         caller keeps the unanswered ones for later).
         """
+        sent: list[broker.Outgoing] = []
         with self._lock:
-            return self._send_stream(items, window)
+            self._send_stream(items, window, sent)
+        return sent
 
     def _send_stream(
-        self, items: Iterable[broker.Outgoing | None], window: int
-    ) -> list[broker.Outgoing]:
-        """The transport's part of :meth:`publish_stream` (``testing`` has its own)."""
-        sent: list[broker.Outgoing] = []
+        self,
+        items: Iterable[broker.Outgoing | None],
+        window: int,
+        sent: list[broker.Outgoing] | None = None,
+    ) -> None:
+        """The transport's part of :meth:`publish_stream` and :meth:`publish_batches`
+        (``testing`` has its own): ``sent`` (if given) collects what was published."""
         try:
             outcome = self._batch_pipeline().run(items, window, sent)
         except BrokerUnavailable as exc:
@@ -331,7 +337,44 @@ class Publisher:
         if outcome.timed_out:
             self._drop()
             raise _stream_error(sent, "the broker did not confirm every message in time")
-        return sent
+
+    def publish_batches(
+        self,
+        batches: Iterable[Batch | None],
+        answered: Callable[[Batch], None],
+        window: int = BATCH_WINDOW,
+        most: int | None = None,
+    ) -> None:
+        """Publish batch after batch in one stream of confirms; ``answered(batch)`` runs on
+        this thread once each of a batch's items has its final answer, in the batches' order.
+
+        The next batches are written while the broker confirms the last (see
+        :mod:`.batch_stream`), at most ``most`` batches in flight at once (when given: their
+        bodies are memory); ``batches`` may yield ``None`` while it has nothing yet. An
+        item ends confirmed, nacked (after ``NACK_PAUSES``) or returned, as with
+        :meth:`publish_items`. Raises ``PublishError`` when some item got no answer (the
+        broker could not be reached after one reconnect, the channel closed, no confirm in
+        time), after handing back every batch in flight (those items keep state ``""``);
+        an exception of the source is raised once what was in flight is answered.
+        """
+        with self._lock:
+            stream = BatchStream(iter(batches), answered, most)
+            idle_failures = 0  # streams in a row that failed before publishing anything
+            while True:
+                try:
+                    self._send_stream(stream.items(), window)
+                    idle_failures = 0
+                except PublishError:
+                    # Dropped or reset already; what got no answer is published again below.
+                    idle_failures = idle_failures + 1 if not stream.published else 0
+                    if idle_failures >= 2:
+                        stream.settle(lambda items: None)
+                        raise
+                stream.settle(lambda items: self._answer(items, window))
+                if stream.error is not None:
+                    raise stream.error
+                if stream.exhausted:
+                    return
 
     def _batch_pipeline(self) -> broker.Pipeline:
         self._ensure_channel()  # (re)connects; also notices a dead connection
@@ -344,21 +387,7 @@ class Publisher:
 
     def _publish_batch(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
         """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
-        self._send_batch(items, window)
-        for pause in NACK_PAUSES:
-            again = [i for i in items if i.nacked]
-            if not again:
-                break
-            logger.warning(
-                "the broker nacked %d message(s) to %r; publishing them again in %.1fs",
-                len(again),
-                again[0].exchange,
-                pause,
-            )
-            _pause(pause)
-            for item in again:
-                item.state = ""
-            self._send_batch(again, window)
+        self._answer(items, window)
         nacked = sum(1 for i in items if i.nacked)
         returned = sum(1 for i in items if i.returned)
         if nacked:
@@ -375,6 +404,25 @@ class Publisher:
                 f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
                 UnroutableError,
             )
+
+    def _answer(self, items: list[broker.Outgoing], window: int) -> None:
+        """Publish ``items`` until each has its final answer: a nacked one is published
+        again after each of ``NACK_PAUSES``. Raises ``PublishError`` when some got none."""
+        self._send_batch(items, window)
+        for pause in NACK_PAUSES:
+            again = [i for i in items if i.nacked]
+            if not again:
+                break
+            logger.warning(
+                "the broker nacked %d message(s) to %r; publishing them again in %.1fs",
+                len(again),
+                again[0].exchange,
+                pause,
+            )
+            _pause(pause)
+            for item in again:
+                item.state = ""
+            self._send_batch(again, window)
 
     def _send_batch(self, items: list[broker.Outgoing], window: int) -> None:
         """The transport's part of a batch: every item ends acked, nacked or returned, or
@@ -423,9 +471,9 @@ def _batch_error(items: list[broker.Outgoing], text: str, kind: type[PublishErro
     return exc
 
 
-def _stream_error(sent: list[broker.Outgoing], text: str) -> PublishError:
+def _stream_error(sent: list[broker.Outgoing] | None, text: str) -> PublishError:
     exc = PublishError(text)
-    exc.sent = sent  # type: ignore[attr-defined]
+    exc.sent = sent or []  # type: ignore[attr-defined]
     return exc
 
 

@@ -339,20 +339,23 @@ def test_two_concurrent_requeues_never_publish_a_row_twice(rmq):
 
 
 class FailingAfter:
-    """The real publisher, made to lose the broker after `n` messages (a broker that goes away)."""
+    """The real publisher, made to lose the broker after `n` messages (a broker that goes away):
+    the rest of the batch gets no answer, and the stream raises as the real one does."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.real = get_publisher()
 
-    def publish_raw_many(self, messages, window=200):
-        ok_part, self.n = messages[: self.n], max(0, self.n - len(messages))
-        statuses = self.real.publish_raw_many(ok_part, window=window) if ok_part else []
-        if len(ok_part) == len(messages):
-            return statuses
-        exc = PublishError("publish failed: connection lost (injected)")
-        exc.statuses = statuses + [False] * (len(messages) - len(ok_part))
-        raise exc
+    def publish_batches(self, batches, answered, window=200, most=None):
+        for batch in batches:
+            if batch is None:
+                continue
+            ok_part, self.n = batch[: self.n], max(0, self.n - len(batch))
+            if ok_part:
+                self.real.publish_items(ok_part, window=window)
+            answered(batch)
+            if len(ok_part) < len(batch):
+                raise PublishError("publish failed: connection lost (injected)")
 
 
 @pytest.mark.broker
@@ -460,9 +463,13 @@ class ConfirmAll:
     def __init__(self) -> None:
         self.sent: list[tuple] = []
 
-    def publish_raw_many(self, messages, window=0):
-        self.sent.extend(messages)
-        return [True] * len(messages)
+    def publish_batches(self, batches, answered, window=0, most=None):
+        for batch in batches:
+            if batch is not None:
+                for item in batch:
+                    self.sent.append((item.exchange, item.routing_key, item.body, item.properties))
+                    item.state = "ack"
+                answered(batch)
 
 
 def _claim(row: ParkedMessage, *, age: float = 0.0, token: str = "other-run") -> None:

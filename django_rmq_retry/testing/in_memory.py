@@ -310,13 +310,14 @@ class _MemoryPublisher(Publisher):
             )
             item.state = "ack"
 
-    def _send_stream(self, items: Iterable[Any], window: int) -> list[Any]:
-        sent = []
+    def _send_stream(
+        self, items: Iterable[Any], window: int, sent: list[Any] | None = None
+    ) -> None:
         for item in items:  # each answered at once: a lazy source may wait for answers
             if item is not None:  # None: "nothing yet" (see Publisher.publish_stream)
                 self._send_batch([item], window)
-                sent.append(item)
-        return sent
+                if sent is not None:
+                    sent.append(item)
 
     def close(self) -> None:
         """Nothing to close: there is no connection."""
