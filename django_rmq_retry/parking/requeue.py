@@ -228,8 +228,10 @@ def requeue(
 
 
 #: A requeue batch is loaded and published in chunks of at most this many body bytes (or
-#: ``CHUNK_ROWS`` rows): with one chunk loading ahead, memory is a few chunks for any body size.
-CHUNK_BYTES = 4 * 1024 * 1024
+#: ``CHUNK_ROWS`` rows): with one chunk loading ahead and two in flight, memory is a few
+#: chunks for any body size (2 MiB: peak RSS 77 MB for 64 KiB bodies; 4 MiB was 95-97 MB once
+#: chunks were streamed, with no faster requeue: ``bench/run.py requeue``, 2026-11-25).
+CHUNK_BYTES = 2 * 1024 * 1024
 CHUNK_ROWS = 1000
 #: Requeued messages unconfirmed at once: throughput without a confirm per round trip, and
 #: at most this many sent twice when the connection drops mid-requeue. 1,000, as
