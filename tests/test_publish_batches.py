@@ -5,6 +5,8 @@ Connection losses mid-stream: ``tests/faults/test_broker_faults.py`` (scenario 8
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.core.management import call_command
 
@@ -27,7 +29,9 @@ def _batches(queue: str, sizes: list[int]) -> list[list[Outgoing]]:
     """Batches for ``queue`` (default exchange) of the given sizes, ids ``b<batch>-<item>``."""
     return [
         [
-            Outgoing("", queue, f"{b}-{i}".encode(), {"message_id": f"b{b}-{i}", "delivery_mode": 2})
+            Outgoing(
+                "", queue, f"{b}-{i}".encode(), {"message_id": f"b{b}-{i}", "delivery_mode": 2}
+            )
             for i in range(size)
         ]
         for b, size in enumerate(sizes)
@@ -132,3 +136,25 @@ def test_an_unreachable_broker_raises_without_looping(rmq):
     with pytest.raises(PublishError):
         publisher.publish_batches(iter(_batches("q", [3, 3])), answered.append)
     assert answered == []  # nothing was taken from the source, nothing to hand back
+
+
+def test_a_source_waiting_on_a_broker_that_stopped_answering_times_out(rmq, monkeypatch):
+    """A stream whose source yields "nothing yet" while a confirm never comes ends as a
+    stall after STALL_TIMEOUT (as a full window does), instead of waiting forever."""
+    from django_rmq_retry.broker import confirms
+
+    monkeypatch.setattr(confirms, "STALL_TIMEOUT", 0.3)
+    publisher = Publisher(declare=False)
+    with publisher._lock:
+        pipeline = publisher._batch_pipeline()
+    # One publish the broker will never answer: a tag it never saw.
+    pipeline.channel.pending[10**9] = confirms._Pending(lambda *a: None, "x", "", "q", b"")
+
+    def waiting_forever():  # (gives up after 3 s, so that a missing stall clock fails, not hangs)
+        while time.monotonic() - t0 < 3:
+            yield None
+
+    t0 = time.monotonic()
+    outcome = pipeline.run(waiting_forever(), window=10)
+    assert outcome.timed_out
+    assert 0.3 <= time.monotonic() - t0 < 2  # the source's waits ran into the stall clock

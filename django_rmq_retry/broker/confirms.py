@@ -290,16 +290,26 @@ class Pipeline:
         The iterable may be lazy (rows read from a database cursor): reading the next ones
         overlaps the broker's work on those already written. It may yield ``None`` when it
         has nothing yet (it waits for the answers to what it gave): the I/O loop then runs
-        for up to ``IDLE_PUMP`` seconds. Each item published is appended to ``sent`` (when
-        given) before it is written.
+        for up to ``IDLE_PUMP`` seconds, and after ``STALL_TIMEOUT`` seconds of such waits
+        without a new answer the outcome is ``timed_out``. Each item published is appended
+        to ``sent`` (when given) before it is written.
         """
         outcome = BatchOutcome()
         low = window // 2
         number = 0
+        waiting, stall_at = -1, 0.0  # the stall clock while the source has nothing
         for item in items:
             if item is None:  # the source has nothing yet: take in confirms meanwhile
                 self._pump(IDLE_PUMP)
+                # A source that waits for answers must not wait forever on a broker that
+                # stopped answering: the same stall timeout as a full window.
+                if waiting < 0 or self.unconfirmed < waiting or not self.unconfirmed:
+                    waiting, stall_at = self.unconfirmed, time.monotonic() + STALL_TIMEOUT
+                elif time.monotonic() > stall_at:
+                    outcome.timed_out = True
+                    return outcome
                 continue
+            waiting = -1  # published: the clock starts again at the next wait
             number += 1
             if self.unconfirmed >= window and not self._wait_until(low):
                 outcome.timed_out = True
