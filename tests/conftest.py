@@ -163,6 +163,26 @@ def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
             helper.cleanup()
 
 
+class ConfirmAll:
+    """A publisher whose broker confirms everything at once (a requeue's database side):
+    ``sent`` holds (exchange, routing key, body, properties) of each message, ``waits`` the
+    times the requeue had nothing to publish yet."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, bytes, Any]] = []
+        self.waits = 0
+
+    def publish_batches(self, batches, answered, window=0, most=None):
+        for batch in batches:
+            if batch is None:
+                self.waits += 1
+                continue
+            for item in batch:
+                self.sent.append((item.exchange, item.routing_key, item.body, item.properties))
+                item.state = "ack"
+            answered(batch)
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The events written so far: complete lines only (a consumer may be writing the last
     one while a test polls; a cluster scenario once read half a line and failed on it)."""

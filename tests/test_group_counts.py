@@ -15,6 +15,7 @@ from django_rmq_retry import parking
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedGroupCount, ParkedMessage, ParkedStatus
 from django_rmq_retry.parking import group_counts
+from tests.conftest import ConfirmAll
 from tests.test_parking import _request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,15 +37,6 @@ def computed() -> dict[tuple[str, str, str, str], int]:
         key = (row["receiver"], row["fingerprint"], row["error_type"], row["status"])
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-class ConfirmAll:
-    def publish_batches(self, batches, answered, window=0, most=None):
-        for batch in batches:
-            if batch is not None:
-                for item in batch:
-                    item.state = "ack"
-                answered(batch)
 
 
 def req(i: int, group: str = "ValueError at a.py:f", **kw) -> parking.ParkRequest:

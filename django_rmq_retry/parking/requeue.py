@@ -241,6 +241,8 @@ REQUEUE_WINDOW = 1000
 #: Chunks published and not yet answered at once: the broker always has the next chunk while
 #: the last is confirmed, and memory holds a few chunks of ``CHUNK_BYTES`` for any body size.
 CHUNKS_IN_FLIGHT = 2
+#: Seconds the publisher waits for the next chunk before taking in confirms meanwhile.
+POLL_WAIT = 0.001
 
 
 class _Stored(NamedTuple):
@@ -338,11 +340,13 @@ class _ClaimAhead:
         self._thread = start_daemon(self._run, "rmq-requeue-claims")
 
     def poll(self) -> Iterator[_Chunk | None]:
-        """The chunks, and ``None`` whenever the next is not loaded yet (the publisher takes
-        in confirms meanwhile instead of waiting here)."""
+        """The chunks, and ``None`` whenever the next is not loaded after ``POLL_WAIT``
+        seconds (the publisher takes in confirms meanwhile instead of waiting here). The
+        short wait keeps a publisher that answers at once (the in-memory broker's, a test's)
+        from spinning on the interpreter lock the loading thread needs."""
         while True:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=POLL_WAIT)
             except queue.Empty:
                 yield None
                 continue
