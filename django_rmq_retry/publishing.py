@@ -123,6 +123,11 @@ class Publisher:
             self._channel = channel
         return self._channel
 
+    def _retire_pipeline(self) -> None:
+        pipe, self._pipeline = self._pipeline, None
+        if pipe is not None:
+            pipe.channel.close()
+
     def _drop(self) -> None:
         conn, self._connection, self._channel = self._connection, None, None
         self._pipeline = None
@@ -331,6 +336,12 @@ class Publisher:
         except ConnectionLost as exc:
             self._drop()
             raise _stream_error(sent, f"publish failed: {exc}") from exc
+        except BaseException:
+            # The source raised, or a requeue's ``answered`` (its marks) did, with confirms
+            # still pending: a pipeline with pending confirms is never used again, and its
+            # channel would stay open beside the next one until the connection closes.
+            self._retire_pipeline()
+            raise
         if outcome.channel_error is not None:
             self._pipeline = None
             raise _stream_error(sent, f"publish failed: {outcome.channel_error}")
@@ -355,7 +366,9 @@ class Publisher:
         :meth:`publish_items`. Raises ``PublishError`` when some item got no answer (the
         broker could not be reached after one reconnect, the channel closed, no confirm in
         time), after handing back every batch in flight (those items keep state ``""``);
-        an exception of the source is raised once what was in flight is answered.
+        an exception of the source is raised once what was in flight is answered. One of
+        ``answered`` is raised at once: the batches after it are not handed back, and the
+        channel their confirms were due on is closed.
         """
         with self._lock:
             stream = BatchStream(iter(batches), answered, most)

@@ -158,3 +158,34 @@ def test_a_source_waiting_on_a_broker_that_stopped_answering_times_out(rmq, monk
     outcome = pipeline.run(waiting_forever(), window=10)
     assert outcome.timed_out
     assert 0.3 <= time.monotonic() - t0 < 2  # the source's waits ran into the stall clock
+
+
+def test_an_error_of_answered_closes_the_channel_whose_confirms_were_pending(rmq):
+    """``answered`` raising (a requeue's marks failing) leaves confirms pending: that
+    pipeline is never used again, so its channel is closed instead of staying open beside
+    the next one until the connection closes; the publisher goes on with a new one."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = _queue(rmq)
+    publisher = Publisher(declare=False)
+    try:
+        publisher.publish_batches(iter(_batches(queue, [5])), lambda batch: None)
+        first = publisher._pipeline
+        assert first is not None
+
+        def fails(batch):
+            raise RuntimeError("the marks failed")
+
+        with pytest.raises(RuntimeError, match="marks failed"):
+            publisher.publish_batches(iter(_batches(queue, [500, 500, 500])), fails, most=2)
+        assert publisher._pipeline is None
+        assert not first.channel.impl.is_open  # closing or closed: not left open
+        answered: list[list[Outgoing]] = []
+        later = _batches(queue, [10])
+        publisher.publish_batches(iter(later), answered.append)
+        assert [id(b) for b in answered] == [id(b) for b in later]
+        assert all(item.confirmed for item in later[0])
+        # 5 + the 500 handed back (and at most the 500 after it, already written) + 10
+        assert 515 <= len(_stored_ids(rmq, queue)) <= 1015
+    finally:
+        publisher.close()
+        rmq.ch().queue_delete(queue)

@@ -9,6 +9,7 @@ connection's I/O loop once the broker answered. :class:`Pipeline` drives a batch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -100,6 +101,13 @@ class ConfirmChannel:
                 self.impl.basic_publish(exchange, routing_key, body, on_wire, mandatory=True)
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
+
+    def close(self) -> None:
+        """Close the channel without waiting: pending callbacks never fire (their messages
+        may be stored or not; the owner treats them as unanswered)."""
+        if self.impl.is_open:
+            with contextlib.suppress(*LOST):  # the connection is gone: so is the channel
+                self.impl.close()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
         for tag in self._by_message.get(properties.message_id, ()):
