@@ -42,6 +42,65 @@ def rabbitmqctl_cmd(*args: str) -> list[str]:
     return [*RABBITMQCTL, *args]
 
 
+#: The prefix of every ``rmq`` fixture of this session: what is left under them is swept.
+_PREFIXES: set[str] = set()
+_SWEPT: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Delete the queues and exchanges this session's tests left on the broker.
+
+    ``Rmq.cleanup`` deletes what the registry plans, but some objects escape it: queues of
+    receivers a test registered (``registry_snapshot`` forgets them before ``rmq`` cleans
+    up), queues and exchanges a test declares by hand, those of consumers in subprocesses.
+    A developer's broker gathered dozens a run. AMQP cannot list, so ``rabbitmqctl`` does,
+    once; only names under a prefix of this session are touched (another session on the
+    same broker keeps its own).
+    """
+    if not _PREFIXES:
+        return
+    starts = tuple(f"{p}." for p in _PREFIXES)
+    vhost = pika.URLParameters(BROKER_URL).virtual_host
+    found: dict[str, list[str]] = {}
+    for kind in ("queues", "exchanges"):
+        try:
+            out = subprocess.run(
+                rabbitmqctl_cmd(f"list_{kind}", "-p", vhost, "-q", "--no-table-headers", "name"),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _SWEPT.append(f"not swept: rabbitmqctl list_{kind} failed ({exc})")
+            return
+        if out.returncode:
+            _SWEPT.append(f"not swept: rabbitmqctl list_{kind}: {out.stderr.strip()[:200]}")
+            return
+        found[kind] = [n for n in out.stdout.split() if n.startswith(starts)]
+    if not any(found.values()):
+        return
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+    except Exception as exc:
+        _SWEPT.append(f"not swept: {exc!r}")
+        return
+    with contextlib.closing(conn):
+        ch = conn.channel()
+        for name in found["queues"]:
+            ch.queue_delete(name)
+        for name in found["exchanges"]:
+            ch.exchange_delete(name)
+    _SWEPT.append(
+        f"deleted {len(found['queues'])} queue(s) and {len(found['exchanges'])} exchange(s) "
+        "the tests left on the broker"
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _SWEPT:
+        terminalreporter.write_line(f"broker sweep: {line}")
+
+
 def _broker_reachable() -> str | None:
     try:
         conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
@@ -149,6 +208,7 @@ class Rmq:
 def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rmq]:
     """A unique prefix in settings, a clean publisher, a per-test handling log, cleanup after."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
+    _PREFIXES.add(prefix)
     log = tmp_path / "handled.jsonl"
     monkeypatch.setenv("RMQ_TEST_LOG", str(log))
     conf = {**settings.RMQ_RETRY, "PREFIX": prefix, "BROKER_URL": BROKER_URL}
