@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from bench.common import (
     BROKER_URL,
@@ -33,9 +34,19 @@ from bench.common import (
 )
 
 PREFETCH = 20
+#: Rounds of a figure given as a median (ours and its twin alternating).
+ROUNDS = 3
+
+T = TypeVar("T")
 
 
 # Helpers ---------------------------------------------------------------------------------
+def in_turn(steps: Sequence[T], rnd: int) -> Sequence[T]:
+    """Round ``rnd``'s order of ``steps``: reversed every other round, so no step always
+    runs first (on a host whose speed drifts within minutes)."""
+    return steps if rnd % 2 == 0 else steps[::-1]
+
+
 def ours_consume(
     run: Run,
     short: str,
@@ -290,7 +301,7 @@ def publishing(run: Run) -> list[Row]:
 
     single_n = 1_000 if run.quick else 3_000
     batch_n = 20_000 if run.quick else 50_000
-    rounds = 3
+    rounds = ROUNDS
     q = queue_name("bench_pub")
     exchange = Names(run.prefix).work_exchange
     purge(q)
@@ -358,7 +369,7 @@ def retry(run: Run) -> list[Row]:
     from django_rmq_retry.registry import default_registry
 
     n = 2_000 if run.quick else 5_000
-    rounds = 3
+    rounds = ROUNDS
     ours_q = queue_name("bench_retry")
     raw_q = declare_raw_queue(run, "retry", "bench.rawretry")
     raw_delay = declare_raw_queue(run, "retrydelay", None, **{"x-message-ttl": 600_000})
@@ -376,7 +387,7 @@ def retry(run: Run) -> list[Row]:
             lambda: ours_s.append(ours_consume(run, "bench_retry", n).seconds),
             lambda: raw_s.append(raw_consume(run, "retry", raw_q, n, extra=raw_delay).seconds),
         ]
-        for step in steps if rnd % 2 == 0 else reversed(steps):
+        for step in in_turn(steps, rnd):
             step()
         ensure_empty(ours_q, raw_q)
         held = sum(depth(q) for q in delay_queues)
@@ -529,20 +540,20 @@ def parking(run: Run) -> list[Row]:
         main_row = label == "PostgreSQL, CONN_MAX_AGE=300"
         steps = ["ours", "twin", "happy"] if main_row else ["ours", "twin"]
         seconds: dict[str, list[float]] = {step: [] for step in steps}
-        for rnd in range(3 if main_row else 1):
-            for step in steps if rnd % 2 == 0 else reversed(steps):
+        for rnd in range(ROUNDS if main_row else 1):
+            for step in in_turn(steps, rnd):
                 if step == "happy":
                     seconds[step].append(happy(db, max_age))
                 else:
                     seconds[step].append(park(db, label, max_age, threads, step == "twin"))
         ro = n / statistics.median(seconds["ours"])
         rr = n / statistics.median(seconds["twin"])
-        rounds = ""
+        note = ""
         if main_row:
-            rounds = "medians of 3 rounds; ours " + ", ".join(
+            note = f"medians of {ROUNDS} rounds; ours " + ", ".join(
                 f"{n / s:,.0f}" for s in seconds["ours"]
             )
-            rounds += "; twin " + ", ".join(f"{n / s:,.0f}" for s in seconds["twin"])
+            note += "; twin " + ", ".join(f"{n / s:,.0f}" for s in seconds["twin"])
         rows.append(
             Row(
                 f"parking, {label} ({n:,}, commit before ack)",
@@ -551,7 +562,7 @@ def parking(run: Run) -> list[Row]:
                 "msg/s",
                 "≥ 5,000/s" if main_row else "",
                 (ro >= 5000) if main_row else None,
-                note=rounds,
+                note=note,
             )
         )
         if main_row:
@@ -568,7 +579,7 @@ def parking(run: Run) -> list[Row]:
                     "×",
                     "≥ 0.50×",
                     ro / hp >= 0.5,
-                    note=f"medians of 3 rounds; happy path {hp:,.0f} msg/s; each round's "
+                    note=f"medians of {ROUNDS} rounds; happy path {hp:,.0f} msg/s; each round's "
                     f"ratio: {ratios}",
                 )
             )
@@ -602,7 +613,7 @@ def requeue(run: Run) -> list[Row]:
     """
     rows = []
     target_q = queue_name("bench_requeue")
-    rounds = 3
+    rounds = ROUNDS
     for db, label, n in (
         ("sqlite", "SQLite", 5_000 if run.quick else 20_000),
         ("postgres", "PostgreSQL", 20_000 if run.quick else 100_000),
@@ -629,7 +640,7 @@ def requeue(run: Run) -> list[Row]:
         twin_s: list[float] = []
         for rnd in range(rounds):
             order = ["ours", "send_many"] if db == "postgres" else ["ours"]
-            for step in order if rnd % 2 == 0 else reversed(order):
+            for step in in_turn(order, rnd):
                 if step == "ours":
                     ours_s.append(timed("requeue"))
                 else:
