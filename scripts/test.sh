@@ -84,7 +84,7 @@ leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not 
 # few 4.0 runs; README "What is not promised"). With quorum queues the hop is at-least-once.
 R4_CLASSIC=(tests/test_retries.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
-  tests/test_frame_writes.py tests/test_outbox.py
+  tests/test_frame_writes.py tests/test_outbox.py tests/test_publish_batches.py
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
   --ignore=tests/faults/test_exactly_once.py --ignore=tests/faults/test_database_down.py
   --ignore=tests/faults/test_quorum_limits.py
