@@ -6,6 +6,7 @@ registered with Django) runs them in order once the settings dict itself could b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +37,8 @@ POSITIVE = (
     "OUTBOX_MAX_ATTEMPTS",
     "INBOX_RETENTION_DAYS",
 )
+#: Settings that must be numbers >= 0.
+NON_NEGATIVE = ("PUBLISH_NACK_WAIT",)
 
 
 #: The longest ``x-message-ttl`` RabbitMQ accepts (milliseconds, unsigned 32 bits).
@@ -119,13 +122,18 @@ def _heartbeat() -> Messages:
 
 def _positive_numbers() -> Messages:
     out: Messages = []
-    for key in POSITIVE:
+    for key in (*POSITIVE, *NON_NEGATIVE):
         value = getattr(app_settings, key)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key in NON_NEGATIVE:
+            ok, words = number and math.isfinite(value) and value >= 0, "a finite number >= 0"
+        else:
+            ok, words = number and value > 0, "a positive number"
+        if not ok:
             out.append(
                 _err(
                     5,
-                    f"{SETTING_NAME}['{key}'] must be a positive number.",
+                    f"{SETTING_NAME}['{key}'] must be {words}.",
                     f"The default is {DEFAULTS[key]!r}.",
                 )
             )

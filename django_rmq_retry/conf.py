@@ -46,6 +46,10 @@ DEFAULTS: dict[str, Any] = {
     "CONNECT_TIMEOUT": 10,
     # Reconnect backoff: starts at 0.5 s, doubles, capped at this many seconds.
     "RECONNECT_MAX_DELAY": 30,
+    # Seconds a publish keeps publishing again a message the broker nacked (a quorum queue
+    # electing a leader while a node stops) before it raises NackedError: pauses of 0.5 s,
+    # doubling to 5 s. 0 raises at the first nack. A web request waits this long at worst.
+    "PUBLISH_NACK_WAIT": 20,
     # Seconds a warm shutdown waits for in-flight receivers before it gives up.
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.

@@ -3,7 +3,8 @@
 ``Topic.send`` lands here. A publish returns only once the broker confirmed it; an
 unroutable message (no queue bound) raises instead of being silently dropped. A connection
 lost mid-publish is replaced and the publish tried once more (at-least-once); a nacked
-message is published again after a pause, three times at most (see ``NACK_PAUSES``).
+message is published again after pauses of up to ``PUBLISH_NACK_WAIT`` seconds in all (see
+:func:`nack_pauses`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import broker
 from .batch_stream import Batch, BatchStream
 from .conf import app_settings, current_names, current_plan
 from .core import bodies
+from .core.backoff import pauses_within
 from .core.envelope import build_properties
 from .core.errors import (
     BrokerUnavailable,
@@ -43,14 +45,23 @@ BATCH_WINDOW = 1000
 #: A connection idle for longer is polled before use, so one the broker closed meanwhile
 #: (missed heartbeats, a restart) is replaced quietly instead of failing the publish first.
 _IDLE_CHECK_AFTER = 1.0
-#: Pauses before publishing a nacked message again. A nack says the broker could not store
-#: the message *now*: a quorum queue's leader moving while a cluster node stops, a queue
-#: process restarting, or a full queue with ``overflow=reject-publish``. The first two pass
-#: in a second or two, sometimes more: a leader election on a loaded host nacked for over
-#: 2.5 s once (CI's three-node cluster on two cores, 2026-11-25), hence the third pause; the
-#: last case raises ``NackedError`` after 7.5 s of pauses. A message routed to several queues
-#: may be stored again in those that did take it (same ``message_id``).
-NACK_PAUSES: tuple[float, ...] = (0.5, 2.0, 5.0)
+
+
+def nack_pauses() -> tuple[float, ...]:
+    """Pauses before publishing a nacked message again, ``PUBLISH_NACK_WAIT`` seconds in all.
+
+    A nack says the broker could not store the message *now*: a quorum queue's leader
+    moving while a cluster node stops, a queue process restarting, or a full queue with
+    ``overflow=reject-publish``. The first two pass, but not always in seconds: while a node
+    stops, its queues' leaders refuse until the node is gone and the others have elected
+    new ones. On CI's three-node cluster (two cores, 2026-11-25) the nacks lasted over
+    7.5 s, the sum of the fixed pauses used before, as the node took 6-9 s to stop. The
+    last case raises ``NackedError`` once the wait is spent. A message routed to several
+    queues may be stored again in those that did take it (same ``message_id``).
+    """
+    return pauses_within(float(app_settings.PUBLISH_NACK_WAIT))
+
+
 _pause = time.sleep  # (tests make the pause do something)
 
 #: Bodies become JSON with Django's encoder (dates, decimals, UUIDs).
@@ -58,7 +69,14 @@ encode_body = functools.partial(bodies.encode_body, encoder=DjangoJSONEncoder)
 
 _T = TypeVar("_T")
 
-__all__ = ["BATCH_WINDOW", "PublishResult", "Publisher", "build_properties", "encode_body"]
+__all__ = [
+    "BATCH_WINDOW",
+    "PublishResult",
+    "Publisher",
+    "build_properties",
+    "encode_body",
+    "nack_pauses",
+]
 
 
 @dataclass(frozen=True)
@@ -191,7 +209,7 @@ class Publisher:
     def _send_until_stored(
         self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
     ) -> None:
-        for pause in NACK_PAUSES:
+        for pause in nack_pauses():
             try:
                 return self._send(exchange, routing_key, body, properties)
             except NackedError:
@@ -362,7 +380,7 @@ class Publisher:
         The next batches are written while the broker confirms the last (see
         :mod:`.batch_stream`), at most ``most`` batches in flight at once (when given: their
         bodies are memory); ``batches`` may yield ``None`` while it has nothing yet. An
-        item ends confirmed, nacked (after ``NACK_PAUSES``) or returned, as with
+        item ends confirmed, nacked (after :func:`nack_pauses`) or returned, as with
         :meth:`publish_items`. Raises ``PublishError`` when some item got no answer (the
         broker could not be reached after one reconnect, the channel closed, no confirm in
         time), after handing back every batch in flight (those items keep state ``""``);
@@ -420,9 +438,9 @@ class Publisher:
 
     def _answer(self, items: list[broker.Outgoing], window: int) -> None:
         """Publish ``items`` until each has its final answer: a nacked one is published
-        again after each of ``NACK_PAUSES``. Raises ``PublishError`` when some got none."""
+        again after each of :func:`nack_pauses`. Raises ``PublishError`` when some got none."""
         self._send_batch(items, window)
-        for pause in NACK_PAUSES:
+        for pause in nack_pauses():
             again = [i for i in items if i.nacked]
             if not again:
                 break

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.core.backoff import Policy, matches, policy_errors
+from django_rmq_retry.core.backoff import Policy, matches, pauses_within, policy_errors
 from django_rmq_retry.core.errors import Reject, Retry
 from django_rmq_retry.core.outcome import Park, ParkReason, RetryLater, decide
 
@@ -160,3 +160,16 @@ def test_the_give_back_budget_parks_at_the_limit_naming_the_last_cause():
     )
     unseen = over_budget(7, 5, None)
     assert unseen is not None and unseen.detail.endswith(UNSEEN_CAUSE)
+
+
+def test_pauses_within_double_to_the_cap_and_add_up_to_the_total():
+    assert pauses_within(20) == (0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 2.5)
+    assert pauses_within(1.5) == (0.5, 1.0)
+    assert pauses_within(0) == ()
+
+
+@given(total=st.floats(min_value=0, max_value=1e3), cap=st.floats(min_value=0.1, max_value=60))
+def test_pauses_within_never_exceed_the_cap_or_the_total(total, cap):
+    pauses = pauses_within(total, start=0.5, cap=cap)
+    assert sum(pauses) == pytest.approx(total, abs=1e-6)
+    assert all(0 < p <= cap for p in pauses)

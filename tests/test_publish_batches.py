@@ -104,8 +104,8 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
         assert [item.state for item in items].count("ack") == 5
         assert [item.state for item in items].count("nack") == 7  # answered: refused
         assert sorted(_stored_ids(rmq, queue)) == sorted(i.message_id for i in items if i.confirmed)
-        # Each batch with nacks got NACK_PAUSES at most (three batches: 3 × 3 pauses).
-        assert 0 < len(pauses) <= 3 * len(publishing.NACK_PAUSES)
+        # Each batch with nacks got nack_pauses() at most (three batches).
+        assert 0 < len(pauses) <= 3 * len(publishing.nack_pauses())
     finally:
         rmq.ch().queue_delete(queue)
 

@@ -55,6 +55,10 @@ def test_default_settings_pass_the_checks():
     assert _ids({}) == []
 
 
+def test_a_publish_nack_wait_of_zero_is_allowed():
+    assert _ids({"PUBLISH_NACK_WAIT": 0}) == []
+
+
 @pytest.mark.parametrize(
     ("conf", "check_id"),
     [
@@ -63,6 +67,8 @@ def test_default_settings_pass_the_checks():
         ({"BROKER_URLS": "amqp://a/%2F"}, "django_rmq_retry.E003"),
         ({"HEARTBEAT": 0}, "django_rmq_retry.E004"),
         ({"PREFETCH": 0}, "django_rmq_retry.E005"),
+        ({"PUBLISH_NACK_WAIT": -1}, "django_rmq_retry.E005"),
+        ({"PUBLISH_NACK_WAIT": float("inf")}, "django_rmq_retry.E005"),
         ({"BROKR_URL": "amqp://x"}, "django_rmq_retry.E002"),
         ({"PREFIX": "a b"}, "django_rmq_retry.E006"),
         ({"QUEUE_TYPE": "stream"}, "django_rmq_retry.E007"),

@@ -142,3 +142,21 @@ class CappedBackoff:
 
     def reset(self) -> None:
         self.current = self.start
+
+
+def pauses_within(total: float, start: float = 0.5, cap: float = 5.0) -> tuple[float, ...]:
+    """Pauses that start at ``start``, double up to ``cap`` and add up to ``total`` exactly.
+
+    For trying again something the other side refused *for now* (a nacked publish while a
+    quorum queue elects a leader): short pauses catch a quick recovery, the cap keeps a long
+    one from being waited out in one sleep, and ``total`` is the longest a caller is held.
+    """
+    pauses: list[float] = []
+    left = float(total)
+    wait = start
+    while left > 1e-9:
+        pause = min(wait, cap, left)
+        pauses.append(pause)
+        left -= pause
+        wait *= 2
+    return tuple(pauses)
