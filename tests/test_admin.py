@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from django_rmq_retry import admin as admin_module
 from django_rmq_retry.admin import ParkedMessageAdmin
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus, RetryPolicy
 from django_rmq_retry.preview import body_preview, hex_dump
@@ -481,6 +482,38 @@ def test_time_budget_stops_between_batches_and_a_rerun_finishes_without_duplicat
     assert all("all rows matching the filter" in e for e in entries)
     assert "stopped by the time budget with 150 left" in entries[0]
     assert "stopped" not in entries[2]
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+def test_the_budget_keeps_a_reserve_for_the_end_and_the_count_left_is_capped(
+    rmq, client, monkeypatch, settings
+):
+    """A budget of 3 s with the default 5-s reserve gives the run no time of its own: it
+    stops at the first batch boundary (250 rows take well under 3 s, so without the reserve
+    it would requeue them all). What is left is counted up to the cap, as on the list."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "BATCH_SIZE": 100}
+    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", 3.0)
+    monkeypatch.setattr(admin_module, "COUNT_CAP", 120)
+    rows = rows_for(rmq, 250)
+    client.force_login(operator("requeue_parkedmessage"))
+    url = changelist_url(receiver=ALPHA)
+    first = texts(post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True))
+    second = texts(post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True))
+    left = (
+        "Stopped after 3 s to keep this page responsive; {} matching messages are still "
+        "parked. Run the action again to continue (nothing is requeued twice), or use "
+        "manage.py rmq_requeue."
+    )
+    success = "Requeued {} messages to the receivers they failed in."
+    assert first == [("success", success.format(100)), ("warning", left.format("120+"))]
+    assert second == [("success", success.format(100)), ("warning", left.format(50))]
+    entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
+    assert "stopped by the time budget with 120+ left" in entries[0]
+    assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 50
+    time.sleep(0.2)
+    assert rmq.depth(rmq.queue("alpha")) == 200  # each requeued row once
 
 
 @pytest.mark.broker
