@@ -4,6 +4,7 @@
     .venv/bin/python bench/scale.py --rows 10000000      # the full run
     .venv/bin/python bench/scale.py --bulk               # also requeue / discard / purge
     .venv/bin/python bench/scale.py --keep --reuse       # keep the database, load only once
+    .venv/bin/python bench/scale.py --bulk --requeue-budget 10   # a click under a short budget
 
 Loads N parked rows into a PostgreSQL database of its own (``BENCH_SCALE_DB``, default
 ``rmq_scale``, created from ``BENCH_PG_URL``) with one ``INSERT ... SELECT`` over
@@ -427,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database at the end")
     parser.add_argument("--reuse", action="store_true", help="use the kept database as it is")
     parser.add_argument("--db", default=os.environ.get("BENCH_SCALE_DB", "rmq_scale"))
+    parser.add_argument(
+        "--requeue-budget",
+        type=float,
+        help="the admin's requeue_time_budget for the click, in seconds (default: the "
+        "admin's own); a short one shows the click keeps within it on a fast machine",
+    )
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -452,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         pages(timer, rows)
         if args.bulk:
             print("· bulk operations ...", file=sys.stderr, flush=True)
+            if args.requeue_budget is not None:
+                from django_rmq_retry.admin import ParkedMessageAdmin
+
+                ParkedMessageAdmin.requeue_time_budget = args.requeue_budget
             bulk(timer)
         import django
 
