@@ -97,8 +97,10 @@ def _bounded_queue(rmq, length: int) -> str:
     return queue
 
 
-def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq):
+def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq, settings):
     """A full queue with overflow=reject-publish nacks: exactly the stored ones are confirmed."""
+    # The nacks last: 1 s of pauses, not the default 20 (the wait has a test of its own).
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "PUBLISH_NACK_WAIT": 1}
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 7)
     try:
