@@ -301,7 +301,6 @@ def publishing(run: Run) -> list[Row]:
 
     single_n = 1_000 if run.quick else 3_000
     batch_n = 20_000 if run.quick else 50_000
-    rounds = ROUNDS
     q = queue_name("bench_pub")
     exchange = Names(run.prefix).work_exchange
     purge(q)
@@ -329,7 +328,7 @@ def publishing(run: Run) -> list[Row]:
         ("ob", batch_n, ours_batch),
         ("rb", batch_n, lambda: raw_batch_publish(exchange, "bench.pub", batch_n)),
     ]
-    for rnd in range(rounds):
+    for rnd in range(ROUNDS):
         order = steps if rnd % 2 == 0 else [steps[1], steps[0], steps[3], steps[2]]
         for key, expect, step in order:
             timings[key].append(step())
@@ -338,7 +337,7 @@ def publishing(run: Run) -> list[Row]:
     med = {k: statistics.median(v) for k, v in timings.items()}
     os_, rs = single_n / med["os"], single_n / med["rs"]
     ob, rb = batch_n / med["ob"], batch_n / med["rb"]
-    note = f"median of {rounds} alternating rounds"
+    note = f"median of {ROUNDS} alternating rounds"
     return [
         Row(
             "Topic.send, one at a time (confirmed)",
@@ -369,7 +368,6 @@ def retry(run: Run) -> list[Row]:
     from django_rmq_retry.registry import default_registry
 
     n = 2_000 if run.quick else 5_000
-    rounds = ROUNDS
     ours_q = queue_name("bench_retry")
     raw_q = declare_raw_queue(run, "retry", "bench.rawretry")
     raw_delay = declare_raw_queue(run, "retrydelay", None, **{"x-message-ttl": 600_000})
@@ -378,7 +376,7 @@ def retry(run: Run) -> list[Row]:
     ]
     ours_s: list[float] = []
     raw_s: list[float] = []
-    for rnd in range(rounds):
+    for rnd in range(ROUNDS):
         publish_bodies("bench.retry", n)
         publish_bodies("bench.rawretry", n)
         wait_depth(ours_q, n)
@@ -404,7 +402,7 @@ def retry(run: Run) -> list[Row]:
             "msg/s",
             "≥ 0.80× raw",
             ro / rr >= 0.8,
-            note=f"median of {rounds} alternating rounds",
+            note=f"median of {ROUNDS} alternating rounds",
         )
     ]
 
@@ -487,8 +485,8 @@ def parking(run: Run) -> list[Row]:
     PostgreSQL with ``CONN_MAX_AGE=300``, against our own happy path over as many messages
     in the same run (a flood of failures should park at the pace messages are handled).
 
-    The row #14 targets (PostgreSQL, ``CONN_MAX_AGE=300``) in 3 rounds, the order of ours,
-    the twin and the happy path alternating, medians taken (each round's figures in the
+    The row #14 targets (PostgreSQL, ``CONN_MAX_AGE=300``) in ``ROUNDS`` rounds, the order
+    of ours, the twin and the happy path alternating, medians taken (each round's figures in the
     notes); the other rows once.
     """
     from django_rmq_retry.models import ParkedMessage
@@ -607,13 +605,12 @@ def requeue(run: Run) -> list[Row]:
     pace: what a requeue can reach at best), and the peak memory of a requeue of bodies of
     64 KiB (memory must stay flat for any body size).
 
-    Ours (and, on PostgreSQL, ``send_many``) in 3 alternating rounds, the median taken: a
-    single pair moved the ratio between 0.53× and 0.74× on one day's runs. The hand-written
+    Ours (and, on PostgreSQL, ``send_many``) in ``ROUNDS`` alternating rounds, the median
+    taken: a single pair moved the ratio between 0.53× and 0.74× on one day's runs. The hand-written
     twin once (at ~1,200 rows/s it is the longest step).
     """
     rows = []
     target_q = queue_name("bench_requeue")
-    rounds = ROUNDS
     for db, label, n in (
         ("sqlite", "SQLite", 5_000 if run.quick else 20_000),
         ("postgres", "PostgreSQL", 20_000 if run.quick else 100_000),
@@ -638,7 +635,7 @@ def requeue(run: Run) -> list[Row]:
 
         ours_s: list[float] = []
         twin_s: list[float] = []
-        for rnd in range(rounds):
+        for rnd in range(ROUNDS):
             order = ["ours", "send_many"] if db == "postgres" else ["ours"]
             for step in in_turn(order, rnd):
                 if step == "ours":
@@ -656,7 +653,7 @@ def requeue(run: Run) -> list[Row]:
                 "rows/s",
                 "≥ 10,000/s",
                 ro >= 10_000,
-                note=f"median of {rounds} rounds: {spread} rows/s",
+                note=f"median of {ROUNDS} rounds: {spread} rows/s",
             )
         )
         if db == "postgres":
@@ -672,7 +669,7 @@ def requeue(run: Run) -> list[Row]:
                     "×",
                     "≥ 0.70×",
                     ro / sm >= 0.7,
-                    note=f"medians of {rounds} alternating rounds; send_many of the same "
+                    note=f"medians of {ROUNDS} alternating rounds; send_many of the same "
                     f"messages: {sm:,.0f} msg/s; each round's ratio: {ratios}",
                 )
             )
