@@ -9,9 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
-from django.test import override_settings
 
 from django_rmq_retry import PublishError
 from django_rmq_retry.broker import Outgoing
@@ -194,16 +192,16 @@ def test_a_nack_that_lasts_raises_after_the_bounded_pauses(rmq, monkeypatch):
         rmq.ch().queue_delete(queue)
 
 
-def test_the_wait_for_a_nack_to_pass_is_a_setting_and_really_waited(rmq):
+def test_the_wait_for_a_nack_to_pass_is_a_setting_and_really_waited(rmq, settings):
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "PUBLISH_NACK_WAIT": 1.5}
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 1)
     try:
         first = get_publisher().publish("bounded.key", {"id": 0})
-        with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "PUBLISH_NACK_WAIT": 1.5}):
-            t0 = time.monotonic()
-            with pytest.raises(NackedError):
-                get_publisher().publish("bounded.key", {"id": 1})
-            waited = time.monotonic() - t0
+        t0 = time.monotonic()
+        with pytest.raises(NackedError):
+            get_publisher().publish("bounded.key", {"id": 1})
+        waited = time.monotonic() - t0
         assert 1.5 <= waited < 4  # pauses of 0.5 s and 1 s, three publishes refused
         assert _ids(rmq.get_all(queue)) == [first.message_id]
     finally:
