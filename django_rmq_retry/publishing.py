@@ -373,6 +373,7 @@ class Publisher:
         answered: Callable[[Batch], None],
         window: int = BATCH_WINDOW,
         most: int | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Publish batch after batch in one stream of confirms; ``answered(batch)`` runs on
         this thread once each of a batch's items has its final answer, in the batches' order.
@@ -387,6 +388,11 @@ class Publisher:
         an exception of the source is raised once what was in flight is answered. One of
         ``answered`` is raised at once: the batches after it are not handed back, and the
         channel their confirms were due on is closed.
+
+        ``deadline`` (a ``time.monotonic()`` value) bounds the pauses after nacks: one that
+        would end past it is not taken, and what it was for stays nacked (an answer:
+        refused). A caller with a time budget (the admin's requeue click) is otherwise held
+        up to ``PUBLISH_NACK_WAIT`` past it while a cluster node stops.
         """
         with self._lock:
             stream = BatchStream(iter(batches), answered, most)
@@ -401,7 +407,7 @@ class Publisher:
                     if idle_failures >= 2:
                         stream.settle(lambda items: None)
                         raise
-                stream.settle(lambda items: self._answer(items, window))
+                stream.settle(lambda items: self._answer(items, window, deadline))
                 if stream.error is not None:
                     raise stream.error
                 if stream.exhausted:
@@ -436,13 +442,24 @@ class Publisher:
                 UnroutableError,
             )
 
-    def _answer(self, items: list[broker.Outgoing], window: int) -> None:
+    def _answer(
+        self, items: list[broker.Outgoing], window: int, deadline: float | None = None
+    ) -> None:
         """Publish ``items`` until each has its final answer: a nacked one is published
-        again after each of :func:`nack_pauses`. Raises ``PublishError`` when some got none."""
+        again after each of :func:`nack_pauses` (those that end by ``deadline``, if given).
+        Raises ``PublishError`` when some got none."""
         self._send_batch(items, window)
         for pause in nack_pauses():
             again = [i for i in items if i.nacked]
             if not again:
+                break
+            if deadline is not None and time.monotonic() + pause > deadline:
+                logger.warning(
+                    "the broker nacked %d message(s) to %r; not publishing them again: "
+                    "the caller's time is up",
+                    len(again),
+                    again[0].exchange,
+                )
                 break
             logger.warning(
                 "the broker nacked %d message(s) to %r; publishing them again in %.1fs",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import re
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -21,7 +23,7 @@ from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
-from tests.conftest import ConfirmAll, read_log
+from tests.conftest import ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 
 requeue_module = importlib.import_module("django_rmq_retry.parking.requeue")
@@ -289,6 +291,44 @@ def test_requeue_to_topic_reaches_every_receiver(rmq):
 
 
 @pytest.mark.broker
+def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch):
+    """The admin's click has a budget (``deadline``); a receiver queue that nacks (here a
+    reject-publish policy, in life a cluster node stopping) used to hold the run for the
+    pauses of ``PUBLISH_NACK_WAIT`` (20 s) past it. Now no pause ends after the deadline:
+    the refused rows stay parked, counted as failed, and no claim is left."""
+    from django_rmq_retry import publishing
+    from tests.test_adversary_consumer import rabbitmqctl, refused_by_broker
+
+    _park_real_failures(rmq, 3)
+    queue = rmq.queue("alpha")
+    policy = f"{rmq.prefix}-refuse-requeue"
+    pauses: list[tuple[float, float]] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append((time.monotonic(), seconds))
+        time.sleep(seconds)
+
+    monkeypatch.setattr(publishing, "_pause", pause)
+    rabbitmqctl(
+        "set_policy", "--apply-to", "queues", "--priority", "100", policy,
+        rf"^{re.escape(queue)}$", '{"max-length": 0, "overflow": "reject-publish"}',
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: refused_by_broker(queue), 15, 0.3)
+        deadline = time.monotonic() + 1.2
+        result = parking.requeue(ParkedMessage.objects.all(), user="op", deadline=deadline)
+    finally:
+        rabbitmqctl("clear_policy", policy)
+    assert pauses, "the broker nacked: at least the first pause fits in the budget"
+    assert all(start + seconds <= deadline for start, seconds in pauses)
+    assert (result.requeued, result.failed) == (0, 3)
+    assert all("refused" in error for error in result.errors)
+    assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"parked"}
+    assert not ParkedClaim.objects.exists()
+    assert rmq.depth(queue) == 0
+
+
+@pytest.mark.broker
 def test_two_concurrent_requeues_never_publish_a_row_twice(rmq):
     _park_real_failures(rmq, 1)
     template = ParkedMessage.objects.get()
@@ -346,7 +386,7 @@ class FailingAfter:
         self.n = n
         self.real = get_publisher()
 
-    def publish_batches(self, batches, answered, window=200, most=None):
+    def publish_batches(self, batches, answered, window=200, most=None, deadline=None):
         for batch in batches:
             if batch is None:
                 continue

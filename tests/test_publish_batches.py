@@ -110,6 +110,35 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
         rmq.ch().queue_delete(queue)
 
 
+def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, monkeypatch):
+    """With ``deadline`` no pause after a nack ends past it (``PUBLISH_NACK_WAIT`` is 20 s
+    here): what is still nacked then is the answer, and every batch is handed back."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = _queue(rmq, 5)
+    pauses: list[tuple[float, float]] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append((time.monotonic(), seconds))
+        time.sleep(seconds)
+
+    monkeypatch.setattr(publishing, "_pause", pause)
+    batches = _batches(queue, [4, 4, 4])
+    answered: list[list[Outgoing]] = []
+    try:
+        deadline = time.monotonic() + 1.2
+        Publisher(declare=False).publish_batches(
+            iter(batches), answered.append, window=100, deadline=deadline
+        )
+        assert [id(b) for b in answered] == [id(b) for b in batches]
+        items = [item for batch in batches for item in batch]
+        assert [item.state for item in items].count("ack") == 5
+        assert [item.state for item in items].count("nack") == 7
+        assert pauses and all(start + seconds <= deadline for start, seconds in pauses)
+        assert sorted(_stored_ids(rmq, queue)) == sorted(i.message_id for i in items if i.confirmed)
+    finally:
+        rmq.ch().queue_delete(queue)
+
+
 def test_an_error_of_the_source_is_raised_after_what_was_in_flight_is_answered(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _queue(rmq)

@@ -212,7 +212,9 @@ def requeue(
             progress(result)
 
     try:
-        publisher.publish_batches(batches(), answered, window=REQUEUE_WINDOW, most=CHUNKS_IN_FLIGHT)
+        publisher.publish_batches(
+            batches(), answered, window=REQUEUE_WINDOW, most=CHUNKS_IN_FLIGHT, deadline=deadline
+        )
     except PublishError as exc:
         exc.result = result  # type: ignore[attr-defined]  # what was done before it stopped
         raise
