@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--gil", action="store_true", help="sample the GIL holder only")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the consumer")
+    parser.add_argument("--keep", type=Path, help="also copy py-spy's raw stacks to this file")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     run = Run(quick=True)
@@ -87,6 +88,8 @@ def main() -> int:
             stdout=None if args.workload == "requeue" else subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        if args.keep:
+            shutil.copyfile(out, args.keep)
         print(summarise(out, args.top))
     finally:
         run.cleanup()
