@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.core.backoff import Policy, matches, pauses_within, policy_errors
+from django_rmq_retry.core.backoff import (
+    CappedBackoff,
+    Policy,
+    matches,
+    pauses_within,
+    policy_errors,
+)
 from django_rmq_retry.core.errors import Reject, Retry
 from django_rmq_retry.core.outcome import Park, ParkReason, RetryLater, decide
 
@@ -160,6 +166,15 @@ def test_the_give_back_budget_parks_at_the_limit_naming_the_last_cause():
     )
     unseen = over_budget(7, 5, None)
     assert unseen is not None and unseen.detail.endswith(UNSEEN_CAUSE)
+
+
+def test_capped_backoff_doubles_to_its_cap_and_the_cap_holds_from_the_first_wait():
+    backoff = CappedBackoff(0.5, 3.0)
+    assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    backoff.reset()
+    assert backoff.next() == 0.5
+    below = CappedBackoff(0.5, 0.2)  # RECONNECT_MAX_DELAY = 0.2: never a 0.5 s wait
+    assert [below.next() for _ in range(3)] == [0.2, 0.2, 0.2]
 
 
 def test_pauses_within_double_to_the_cap_and_add_up_to_the_total():

@@ -124,7 +124,8 @@ class CappedBackoff:
 
     The one backoff of every loop of ours that tries again (consumer reconnects, the parking
     thread during a database outage, the supervisor restarting a child), so none of them
-    hammers what is down and each recovers at once when it is back.
+    hammers what is down and each recovers at once when it is back. The cap holds from the
+    first wait: ``RECONNECT_MAX_DELAY`` of 0.2 s means 0.2 s, not a first 0.5 s.
     """
 
     start: float = 0.5
@@ -136,7 +137,7 @@ class CappedBackoff:
 
     def next(self) -> float:
         """The wait before this try; the one after doubles (capped)."""
-        wait = self.current
+        wait = min(self.cap, self.current)
         self.current = min(self.cap, self.current * 2)
         return wait
 
@@ -153,10 +154,9 @@ def pauses_within(total: float, start: float = 0.5, cap: float = 5.0) -> tuple[f
     """
     pauses: list[float] = []
     left = float(total)
-    wait = start
+    backoff = CappedBackoff(start, cap)
     while left > 1e-9:
-        pause = min(wait, cap, left)
+        pause = min(backoff.next(), left)
         pauses.append(pause)
         left -= pause
-        wait *= 2
     return tuple(pauses)
