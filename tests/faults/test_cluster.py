@@ -227,7 +227,7 @@ def drain_ids(queue: str, node: int) -> Counter[int]:
     ch.basic_qos(prefetch_count=1000)
     ids: Counter[int] = Counter()
     for method, _props, body in ch.consume(queue, auto_ack=True, inactivity_timeout=3):
-        if method is None:
+        if method is None or body is None:  # (inactivity: all three are None)
             break
         ids[json.loads(body)["id"]] += 1
     conn.close()
