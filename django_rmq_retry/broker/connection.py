@@ -27,6 +27,7 @@ from ..core.failover import connect_order
 from ..core.topology import Plan
 from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
 from . import headerguard
+from .deliveries import DeliveryReader, read_deliveries
 from .errors import LOST, describe, translated
 from .topology import declare
 from .writes import join_queued_frames
@@ -149,6 +150,8 @@ class Connection:
         self.raw = raw
         self.url = url
         join_queued_frames(raw)
+        self._reader: DeliveryReader | None = None
+        self._reading = False  # whether read_deliveries was tried (once per connection)
 
     @property
     def is_open(self) -> bool:
@@ -156,7 +159,16 @@ class Connection:
 
     def channel(self) -> Channel:
         with translated():
-            return Channel(self.raw.channel())
+            return Channel(self.raw.channel(), self._read_deliveries)
+
+    def _read_deliveries(self, channel_number: int) -> None:
+        """Deliveries of this channel skip pika's general frame path (``deliveries``); the
+        reader takes over the connection's input at its first consumer."""
+        if not self._reading:
+            self._reading = True
+            self._reader = read_deliveries(self.raw)
+        if self._reader is not None:
+            self._reader.watch(channel_number)
 
     def pump(self, seconds: float) -> None:
         """Run the I/O loop (and every callback due) for up to ``seconds``."""
@@ -240,8 +252,9 @@ def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None
 class Channel:
     """A channel of a :class:`Connection`: declare, consume, settle, publish."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, on_consume: Callable[[int], None] | None = None) -> None:
         self.raw = raw
+        self._on_consume = on_consume
 
     @property
     def is_open(self) -> bool:
@@ -286,6 +299,8 @@ class Channel:
                 body,
             )
 
+        if self._on_consume is not None:  # before: deliveries may follow consume-ok at once
+            self._on_consume(self.raw.channel_number)
         with translated():
             return str(self.raw.basic_consume(queue, deliver))
 
