@@ -37,6 +37,8 @@ LOGGING = {
 # terminals) never clobber each other; subprocesses get the name through DATABASE_URL.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": f"/tmp/rmq_retry_test_{_os.getpid()}.sqlite3"}
+    # How long a connection waits for another's write lock (a test makes a child's short).
+    DATABASES["default"]["OPTIONS"]["timeout"] = env.float("RMQ_TEST_SQLITE_TIMEOUT", default=20)
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_rmq_retry_{_os.getpid()}"}
 

@@ -9,12 +9,14 @@ of these disturbs the broker for others: policies and deletions touch this test'
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pika
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
@@ -203,6 +205,40 @@ def test_a_row_the_database_refuses_even_stripped_is_held_not_looped(rmq, procs)
     row = ParkedMessage.objects.get(receiver__endswith="alpha")
     assert row.reason == "rejected"
     assert rmq.depth(queue) == 0
+
+
+@pytest.mark.skipif(
+    not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+    reason="another writer holding SQLite's lock past its timeout",
+)
+def test_a_row_met_by_a_database_lock_is_held_and_parked_whole_never_stripped(rmq, procs):
+    """Another connection holds SQLite's write lock past the consumer's timeout (1 s here):
+    "database is locked" once counted as the database refusing the row, which was tried
+    alone, then stripped of its headers and properties and parked so, as soon as the lock
+    was gone (CI, 2026-11-26). Now the row is held unacked and parked whole."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = rmq.queue("alpha")
+    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a long write transaction holds it
+        work.send({"id": "locked", "reject": True, "only": ["alpha"]}, headers={"note": "keep"})
+        proc = spawn(rmq, "alpha", RMQ_TEST_SQLITE_TIMEOUT="1")
+        procs.append(proc)
+        assert wait_for(lambda: runs(rmq, "locked") == 1, 30)
+        # The batch fails after 1 s, the row alone after 2: the stripped row would wait for
+        # the lock and be stored once it is released, here.
+        time.sleep(2.5)
+        assert unacked(queue) == 1  # held: not acked, not given back
+    finally:
+        holder.rollback()
+        holder.close()
+    assert wait_for(lambda: ParkedMessage.objects.exists(), 30)
+    assert wait_for(lambda: unacked(queue) == 0, 15, 0.5)
+    out = stop(proc)
+    row = ParkedMessage.objects.get()
+    assert (row.reason, row.headers.get("note")) == ("rejected", "keep"), row.reason_detail
+    assert "without its headers" not in out and "database unavailable or busy" in out, out[-2000:]
+    assert runs(rmq, "locked") == 1 and rmq.depth(queue) == 0
 
 
 def test_a_slow_message_retried_handler_does_not_hold_up_acks(rmq, procs):

@@ -8,8 +8,9 @@ writes it with one INSERT and one commit (:func:`parking.park_many`), so the bat
 with the load and the commit cost is shared. Nothing is acked before its row is committed:
 the consumer acks a delivery only when ``on_done(token, True)`` reports it.
 
-While the database is down the thread holds every row unacked, says so once, and retries
-with backoff; workers keep running receivers meanwhile. A delivery whose broker connection
+While the database is down, or cannot write now (a lock, a deadlock: ``core.busy``), the
+thread holds every row unacked, says so once, and retries with backoff; workers keep
+running receivers meanwhile. A delivery whose broker connection
 was replaced (it will be redelivered) is dropped from the batch, not written.
 
 A row the database refuses even stripped (a trigger, a constraint of the operator's) is
@@ -32,6 +33,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
 from ..core.backoff import CappedBackoff
+from ..core.busy import database_busy
 from ..core.names import Names
 from ..parking import ParkRequest, park, park_many, stripped_request
 from ..threads import start_daemon
@@ -183,8 +185,8 @@ class ParkWriter:
             except DatabaseError as exc:
                 if not logged:
                     logger.error(
-                        "database unavailable, cannot park %d message(s) (first: %s of %s) "
-                        "(%s); holding them unacked and retrying",
+                        "database unavailable or busy, cannot park %d message(s) (first: %s "
+                        "of %s) (%s); holding them unacked and retrying",
                         len(batch),
                         batch[0].request.properties.get("message_id"),
                         batch[0].request.receiver,
@@ -235,18 +237,18 @@ def commit(
 def store(requests: Sequence[ParkRequest], names: Names, *, quiet: bool = False) -> list[bool]:
     """Commit the rows of ``requests``; per request, whether its row is stored.
 
-    Raises ``DatabaseError`` only while the database does not answer (an outage: the
-    caller holds the batch and retries). A database that answers but refuses the batch
-    refused something in one request: row by row then, so that one does not hold up the
-    others, and a row it still refuses is stored stripped (:func:`parking.stripped_request`)
-    rather than retried for ever. ``quiet``: a row already refused once is tried again;
+    Raises ``DatabaseError`` only while the database does not answer (an outage) or cannot
+    write now (``core.busy``): the caller holds the batch and retries. A database that
+    answers but refuses the batch refused something in one request: row by row then, so
+    that one does not hold up the others, and a row it still refuses is stored stripped
+    (:func:`parking.stripped_request`) rather than retried for ever. ``quiet``: a row already refused once is tried again;
     a refusal again is logged at DEBUG only (its holder said it once).
     """
     try:
         park_many(requests, names=names)
         return [True] * len(requests)
     except DatabaseError as exc:
-        if not _database_answers():
+        if database_busy(exc) or not _database_answers():
             raise
         if not quiet:
             logger.warning("the database refused a batch of %d park(s): %s", len(requests), exc)
@@ -260,7 +262,7 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
         park(req, names=names)
         return True
     except DatabaseError as exc:
-        if not _database_answers():
+        if database_busy(exc) or not _database_answers():
             raise
         refusal: BaseException = exc
     except Exception as exc:  # a bug of ours with this request's data
@@ -271,7 +273,7 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
     try:
         park(stripped_request(req, refusal), names=names)
     except DatabaseError as exc:
-        if not _database_answers():
+        if database_busy(exc) or not _database_answers():
             raise
         (logger.debug if quiet else logger.error)(
             "cannot park message %s of %s even stripped: %s",
