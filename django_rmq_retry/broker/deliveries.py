@@ -4,15 +4,15 @@ pika turns every incoming frame into an object of its own kind and runs it throu
 general path: a decode that looks the method up, the connection's callback registry, the
 channel's content assembler, a copy of the rest of the input for every frame read. A raw
 pika consumer whose deliveries skipped it ran 1.3-1.5× as fast; our consumer spends ~7 µs
-less CPU per message (``bench/README.md``, 2026-11-26). A delivery
-is always the same three kinds of frame in a row on one channel (``basic.deliver``, a
-content header, body frames), so on the channels we consume from, :class:`DeliveryReader`
-cuts those out of the input itself and hands pika's channel the delivery exactly as its
-content assembler would have: the method and the properties decoded by pika's own decoders
-(header tables through ``headerguard``'s guard), the body joined from its frames. Every
-other frame (heartbeats, returns, confirms, ``basic.cancel``, channel and connection
-closes), and every frame of any other channel, takes pika's own path, in order; the byte
-and frame counters pika's heartbeat check reads are kept.
+less CPU per message (``bench/README.md``, 2026-11-26). A delivery is always the same three
+kinds of frame in a row on one channel (``basic.deliver``, a content header, body frames),
+so on the channels we consume from, :class:`DeliveryReader` cuts those out of the input
+itself and hands pika's channel the delivery exactly as its content assembler would have:
+the method and the properties decoded by pika's own decoders (header tables through
+``headerguard``'s guard), the body joined from its frames. Every other frame (heartbeats,
+returns, confirms, ``basic.cancel``, channel and connection closes), and every frame of any
+other channel, takes pika's own path, in order; the byte and frame counters pika's
+heartbeat check reads are kept.
 
 Only our own connections are changed, one at a time (:func:`read_deliveries`), never
 pika's classes. If pika's connection ever stops looking the way this expects, the
