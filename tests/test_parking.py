@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from datetime import timedelta
 
+import pika
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -23,7 +24,7 @@ from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import get_publisher
-from tests.conftest import ConfirmAll, read_log, wait_for
+from tests.conftest import BROKER_URL, ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 
 requeue_module = importlib.import_module("django_rmq_retry.parking.requeue")
@@ -297,7 +298,7 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch)
     pauses of ``PUBLISH_NACK_WAIT`` (20 s) past it. Now no pause ends after the deadline:
     the refused rows stay parked, counted as failed, and no claim is left."""
     from django_rmq_retry import publishing
-    from tests.test_adversary_consumer import rabbitmqctl, refused_by_broker
+    from tests.test_adversary_consumer import rabbitmqctl
 
     _park_real_failures(rmq, 3)
     queue = rmq.queue("alpha")
@@ -308,24 +309,38 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch)
         pauses.append((time.monotonic(), seconds))
         time.sleep(seconds)
 
+    probe = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+    probing = probe.channel()
+    probing.confirm_delivery()
+
+    def refusing() -> bool:
+        """A publish into the queue is nacked. Each accepted one stays: a quorum queue of
+        RabbitMQ 4.0 takes one message past ``max-length`` 0 before it refuses."""
+        try:
+            probing.basic_publish("", queue, b"filler", mandatory=True)
+        except pika.exceptions.NackError:
+            return True
+        return False
+
     monkeypatch.setattr(publishing, "_pause", pause)
     rabbitmqctl(
         "set_policy", "--apply-to", "queues", "--priority", "100", policy,
         rf"^{re.escape(queue)}$", '{"max-length": 0, "overflow": "reject-publish"}',
     )  # fmt: skip
     try:
-        assert wait_for(lambda: refused_by_broker(queue), 15, 0.3)
+        assert wait_for(refusing, 15, 0.3)
         deadline = time.monotonic() + 1.2
         result = parking.requeue(ParkedMessage.objects.all(), user="op", deadline=deadline)
     finally:
         rabbitmqctl("clear_policy", policy)
+        probe.close()
     assert pauses, "the broker nacked: at least the first pause fits in the budget"
     assert all(start + seconds <= deadline for start, seconds in pauses)
     assert (result.requeued, result.failed) == (0, 3)
     assert all("refused" in error for error in result.errors)
     assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"parked"}
     assert not ParkedClaim.objects.exists()
-    assert rmq.depth(queue) == 0
+    assert {body for _m, _p, body in rmq.get_all(queue)} <= {b"filler"}  # no copy got in
 
 
 @pytest.mark.broker
