@@ -71,28 +71,27 @@ class DeliveryReader:
         try:
             while len(buffer) - pos >= 8:
                 if buffer[pos] == 0x41 and buffer[pos : pos + 4] == b"AMQP":  # (at connecting)
-                    consumed, value = _decode(bytes(buffer[pos:]))
-                    pos += consumed
-                    self._impl._process_frame(value)
-                    continue
-                kind, channel, size = _FRAME_HEADER(buffer, pos)
-                end = pos + 7 + size  # where the frame-end octet is
-                if end >= len(buffer):
-                    break  # not all of it yet
-                taken = (
-                    channel in self._watched
-                    and buffer[end] == _FRAME_END
-                    and self._take(kind, channel, pos, end)
-                )
-                if not taken:
-                    consumed, value = _decode(bytes(buffer[pos : end + 1]))
-                    pos += consumed
-                    self._impl._process_frame(value)
-                    continue
-                pos = end + 1
-                self._impl.frames_received += 1
-                if taken is not True:
-                    self._deliver(channel, taken)
+                    data = bytes(buffer[pos:])
+                else:
+                    kind, channel, size = _FRAME_HEADER(buffer, pos)
+                    end = pos + 7 + size  # where the frame-end octet is
+                    if end >= len(buffer):
+                        break  # not all of it yet
+                    taken = (
+                        channel in self._watched
+                        and buffer[end] == _FRAME_END
+                        and self._take(kind, channel, pos, end)
+                    )
+                    if taken:
+                        pos = end + 1
+                        self._impl.frames_received += 1
+                        if taken is not True:
+                            self._deliver(channel, taken)
+                        continue
+                    data = bytes(buffer[pos : end + 1])
+                consumed, value = _decode(data)  # pika's own reading, for every other frame
+                pos += consumed
+                self._impl._process_frame(value)
         finally:
             if pos:
                 del buffer[:pos]
