@@ -10,8 +10,8 @@ the consumer acks a delivery only when ``on_done(token, True)`` reports it.
 
 While the database is down, or cannot write now (a lock, a deadlock: ``core.busy``), the
 thread holds every row unacked, says so once, and retries with backoff; workers keep
-running receivers meanwhile. A delivery whose broker connection
-was replaced (it will be redelivered) is dropped from the batch, not written.
+running receivers meanwhile. A delivery whose broker connection was replaced (it will be
+redelivered) is dropped from the batch, not written.
 
 A row the database refuses even stripped (a trigger, a constraint of the operator's) is
 *held*: not acked, not given back (that would only run its receiver again and fail the same
@@ -241,14 +241,15 @@ def store(requests: Sequence[ParkRequest], names: Names, *, quiet: bool = False)
     write now (``core.busy``): the caller holds the batch and retries. A database that
     answers but refuses the batch refused something in one request: row by row then, so
     that one does not hold up the others, and a row it still refuses is stored stripped
-    (:func:`parking.stripped_request`) rather than retried for ever. ``quiet``: a row already refused once is tried again;
-    a refusal again is logged at DEBUG only (its holder said it once).
+    (:func:`parking.stripped_request`) rather than retried for ever. ``quiet``: a row
+    already refused once is tried again; a refusal again is logged at DEBUG only (its
+    holder said it once).
     """
     try:
         park_many(requests, names=names)
         return [True] * len(requests)
     except DatabaseError as exc:
-        if database_busy(exc) or not _database_answers():
+        if _cannot_write(exc):
             raise
         if not quiet:
             logger.warning("the database refused a batch of %d park(s): %s", len(requests), exc)
@@ -262,7 +263,7 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
         park(req, names=names)
         return True
     except DatabaseError as exc:
-        if database_busy(exc) or not _database_answers():
+        if _cannot_write(exc):
             raise
         refusal: BaseException = exc
     except Exception as exc:  # a bug of ours with this request's data
@@ -273,7 +274,7 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
     try:
         park(stripped_request(req, refusal), names=names)
     except DatabaseError as exc:
-        if database_busy(exc) or not _database_answers():
+        if _cannot_write(exc):
             raise
         (logger.debug if quiet else logger.error)(
             "cannot park message %s of %s even stripped: %s",
@@ -290,6 +291,12 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
         " ".join(str(refusal).split())[:200],
     )
     return True
+
+
+def _cannot_write(exc: DatabaseError) -> bool:
+    """Whether ``exc`` is the database's state, not a refusal of the row: it cannot write
+    now (``core.busy``) or does not answer at all (an outage)."""
+    return database_busy(exc) or not _database_answers()
 
 
 def _database_answers() -> bool:
