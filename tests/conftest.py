@@ -223,6 +223,22 @@ def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
             helper.cleanup()
 
 
+@pytest.fixture
+def timed_pauses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """Each pause ``publishing`` takes after a nack, really waited: ``(start, seconds)``
+    with ``time.monotonic()`` starts (to check them against a deadline)."""
+    from django_rmq_retry import publishing
+
+    pauses: list[tuple[float, float]] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append((time.monotonic(), seconds))
+        time.sleep(seconds)
+
+    monkeypatch.setattr(publishing, "_pause", pause)
+    return pauses
+
+
 class ConfirmAll:
     """A publisher whose broker confirms everything at once (a requeue's database side):
     ``sent`` holds (exchange, routing key, body, properties) of each message, ``waits`` the

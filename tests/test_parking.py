@@ -292,23 +292,16 @@ def test_requeue_to_topic_reaches_every_receiver(rmq):
 
 
 @pytest.mark.broker
-def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch):
+def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, timed_pauses):
     """The admin's click has a budget (``deadline``); a receiver queue that nacks (here a
     reject-publish policy, in life a cluster node stopping) used to hold the run for the
     pauses of ``PUBLISH_NACK_WAIT`` (20 s) past it. Now no pause ends after the deadline:
     the refused rows stay parked, counted as failed, and no claim is left."""
-    from django_rmq_retry import publishing
     from tests.test_adversary_consumer import rabbitmqctl
 
     _park_real_failures(rmq, 3)
     queue = rmq.queue("alpha")
     policy = f"{rmq.prefix}-refuse-requeue"
-    pauses: list[tuple[float, float]] = []
-
-    def pause(seconds: float) -> None:
-        pauses.append((time.monotonic(), seconds))
-        time.sleep(seconds)
-
     probe = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
     probing = probe.channel()
     probing.confirm_delivery()
@@ -322,7 +315,6 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch)
             return True
         return False
 
-    monkeypatch.setattr(publishing, "_pause", pause)
     rabbitmqctl(
         "set_policy", "--apply-to", "queues", "--priority", "100", policy,
         rf"^{re.escape(queue)}$", '{"max-length": 0, "overflow": "reject-publish"}',
@@ -334,8 +326,8 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, monkeypatch)
     finally:
         rabbitmqctl("clear_policy", policy)
         probe.close()
-    assert pauses, "the broker nacked: at least the first pause fits in the budget"
-    assert all(start + seconds <= deadline for start, seconds in pauses)
+    assert timed_pauses, "the broker nacked: at least the first pause fits in the budget"
+    assert all(start + seconds <= deadline for start, seconds in timed_pauses)
     assert (result.requeued, result.failed) == (0, 3)
     assert all("refused" in error for error in result.errors)
     assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"parked"}

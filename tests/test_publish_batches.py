@@ -110,18 +110,11 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
         rmq.ch().queue_delete(queue)
 
 
-def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, monkeypatch):
+def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, timed_pauses):
     """With ``deadline`` no pause after a nack ends past it (``PUBLISH_NACK_WAIT`` is 20 s
     here): what is still nacked then is the answer, and every batch is handed back."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _queue(rmq, 5)
-    pauses: list[tuple[float, float]] = []
-
-    def pause(seconds: float) -> None:
-        pauses.append((time.monotonic(), seconds))
-        time.sleep(seconds)
-
-    monkeypatch.setattr(publishing, "_pause", pause)
     batches = _batches(queue, [4, 4, 4])
     answered: list[list[Outgoing]] = []
     try:
@@ -133,7 +126,8 @@ def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, 
         items = [item for batch in batches for item in batch]
         assert [item.state for item in items].count("ack") == 5
         assert [item.state for item in items].count("nack") == 7
-        assert pauses and all(start + seconds <= deadline for start, seconds in pauses)
+        assert timed_pauses
+        assert all(start + seconds <= deadline for start, seconds in timed_pauses)
         assert sorted(_stored_ids(rmq, queue)) == sorted(i.message_id for i in items if i.confirmed)
     finally:
         rmq.ch().queue_delete(queue)
