@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.core.delays import DelayLevels
+from django_rmq_retry.core.delays import DelayLevels, landing_wait, route
+from django_rmq_retry.core.names import Names
 
 LEVELS = DelayLevels(resolution_ms=100, levels=23)
 
@@ -61,3 +63,57 @@ def test_binding_keys_have_no_hash_wildcard():
         key = LEVELS.binding_key(k, "1")
         assert "#" not in key and len(key.split(".")) == LEVELS.levels
         assert re.fullmatch(r"(\*|1)(\.(\*|1))*", key)
+
+
+NAMES = Names("p")
+
+
+@given(
+    st.floats(min_value=0, max_value=LEVELS.max_delay_ms / 1000),
+    st.integers(min_value=0, max_value=10_000),
+    st.integers(min_value=1, max_value=1_000),
+)
+def test_a_landing_leaves_the_consumer_at_least_its_length_and_less_than_a_unit_more(
+    delay_s, landing_ms, resolution_ms
+):
+    """The levels hold whole units of the delay less the landing; the due time is unchanged."""
+    levels = DelayLevels(resolution_ms=resolution_ms, levels=16)
+    whole = route(levels, NAMES, delay_s, now_ms=1_000)
+    landed = route(levels, NAMES, delay_s, now_ms=1_000, landing_ms=landing_ms)
+    assert (landed.delay_ms, landed.due_ms) == (whole.delay_ms, whole.due_ms)
+    in_levels = levels.plan(landed.delay_ms - landed.landing_ms).units * resolution_ms
+    assert in_levels + landed.landing_ms == landed.delay_ms
+    if whole.delay_ms <= landing_ms:  # all of it held by the consumer: no level at all
+        assert landed.landing_ms == whole.delay_ms
+        assert landed.exchange == NAMES.deliver_exchange
+    else:
+        assert landing_ms <= landed.landing_ms < landing_ms + resolution_ms
+    if landing_ms == 0:
+        assert landed == whole
+
+
+def test_a_one_second_retry_with_the_default_landing_waits_900_ms_in_the_levels():
+    way = route(LEVELS, NAMES, 1.0, now_ms=0, landing_ms=50)
+    assert (way.delay_ms, way.due_ms, way.landing_ms) == (1000, 1000, 100)
+    assert LEVELS.plan(900).routing_key == way.routing_key  # levels 3 and 0: 800 + 100 ms
+    assert way.exchange == NAMES.delay_exchange(3)
+
+
+@pytest.mark.parametrize(
+    ("due", "now_ms", "most_ms", "wait"),
+    [
+        (1_250, 1_000, 500, 0.25),  # early: wait for the rest
+        (1_000, 1_000, 500, 0.0),  # on time
+        (900, 1_000, 500, 0.0),  # late: run now
+        (10**12, 1_000, 500, 0.5),  # far ahead (a skewed clock, a foreign header): capped
+        (1_250, 1_000, 0, 0.0),
+        ("1250", 1_000, 500, 0.0),  # not ours: no wait
+        (1_250.0, 1_000, 500, 0.0),
+        (True, 0, 500, 0.0),
+        (None, 1_000, 500, 0.0),
+    ],
+)
+def test_landing_wait_holds_only_early_integer_due_times_and_never_past_the_cap(
+    due, now_ms, most_ms, wait
+):
+    assert landing_wait(due, now_ms, most_ms) == wait

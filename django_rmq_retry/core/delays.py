@@ -82,20 +82,44 @@ class RetryRoute:
 
     exchange: str
     routing_key: str
-    delay_ms: int  # the delay as the levels hold it (rounded to the resolution, clamped)
-    due_ms: int  # epoch milliseconds when the copy reaches its receiver queue again
+    delay_ms: int  # the whole delay, rounded to the resolution and clamped
+    due_ms: int  # epoch milliseconds when the copy's receiver should run it
+    landing_ms: int = 0  # the part of the delay left to the consumer (``landing``)
 
 
-def route(levels: DelayLevels, names: Names, delay_s: float, now_ms: int) -> RetryRoute:
+def route(
+    levels: DelayLevels, names: Names, delay_s: float, now_ms: int, landing_ms: int = 0
+) -> RetryRoute:
     """The route of a retry copy that must wait ``delay_s`` seconds, published at ``now_ms``.
 
     A copy with no wait skips the levels and goes straight to the deliver exchange.
+
+    With ``landing_ms`` the levels hold the delay less at least ``landing_ms`` (whole units,
+    rounded down) and the copy reaches its queue that much early; the consumer holds it
+    unacked until ``due_ms`` (``landing_wait``). Every level RabbitMQ crosses adds 1–2 ms and
+    a tail of tens of ms (``bench/hops.py``): landing early and waiting out the rest in the
+    consumer is what puts a retry's receiver on its due time.
     """
-    plan = levels.plan(delay_s * 1000)
-    delay_ms = plan.units * levels.resolution_ms
+    delay_ms = levels.plan(delay_s * 1000).units * levels.resolution_ms
+    res = levels.resolution_ms
+    in_levels = max(0, delay_ms - max(0, landing_ms)) // res * res
+    plan = levels.plan(in_levels)
     exchange = (
         names.delay_exchange(plan.first_level)
         if plan.first_level is not None
         else names.deliver_exchange
     )
-    return RetryRoute(exchange, plan.routing_key, delay_ms, now_ms + delay_ms)
+    return RetryRoute(exchange, plan.routing_key, delay_ms, now_ms + delay_ms, delay_ms - in_levels)
+
+
+def landing_wait(due: object, now_ms: int, most_ms: int) -> float:
+    """Seconds a consumer holds a delivery that arrived before its due time (0: run now).
+
+    ``due`` is the copy's due header as it arrived: anything but an integer (a foreign
+    client's value, none at all) means no wait. ``most_ms`` bounds the wait, so a clock
+    that differs from the publisher's, or a due header far ahead, delays a message by at
+    most that much.
+    """
+    if not isinstance(due, int) or isinstance(due, bool) or due <= now_ms:
+        return 0.0
+    return min(due - now_ms, max(0, most_ms)) / 1000
