@@ -457,7 +457,12 @@ def delay(run: Run) -> list[Row]:
     p50 = statistics.median(late)
     p99 = late[min(len(late) - 1, round(0.99 * (len(late) - 1)))]
     worst = {d: max(r["arrived"] - r["due"] for r in records if r["delay"] == d) for d in delays}
-    note = f"{len(late)} msgs, delays {'/'.join(f'{d}s' for d in delays)}; min {late[0]:.0f} ms"
+    from django_rmq_retry.conf import app_settings
+
+    note = (
+        f"{len(late)} msgs, delays {'/'.join(f'{d}s' for d in delays)}; min {late[0]:.0f} ms; "
+        f"DELAY_LANDING_MS {app_settings.DELAY_LANDING_MS}"
+    )
     per_delay = ", ".join(f"{d}s max {w:.0f}" for d, w in worst.items())
     return [
         Row("delay lateness p50", p50, None, "ms", "", None, note=note),

@@ -18,6 +18,8 @@ RMQ_RETRY = {
     "PREFIX": env("RMQ_PREFIX", default="rmq_bench"),
     "PREFETCH": env.int("BENCH_PREFETCH", default=20),
 }
+if "BENCH_LANDING_MS" in env.ENVIRON:  # unset: the product's default landing
+    RMQ_RETRY["DELAY_LANDING_MS"] = env.int("BENCH_LANDING_MS")
 
 # Django's default CONN_MAX_AGE=0 closes the connection after every message (the consumer
 # calls close_old_connections() around each one, like a request); the parking benchmark

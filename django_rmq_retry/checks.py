@@ -66,6 +66,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_delivery_limit(),
         *_reserved_prefix(),
         *_level_ttls(),
+        *_landing(),
     ]
 
 
@@ -261,5 +262,25 @@ def _level_ttls() -> Messages:
             f"The longest delay level's TTL ({top} ms = DELAY_RESOLUTION_MS × 2^(DELAY_LEVELS−1)) "
             f"exceeds RabbitMQ's limit for x-message-ttl ({BROKER_MAX_TTL_MS} ms, ~49.7 days).",
             "Lower DELAY_LEVELS or DELAY_RESOLUTION_MS.",
+        )
+    ]
+
+
+#: The longest landing: each held copy fills a prefetch slot for this long at most.
+MAX_LANDING_MS = 10_000
+
+
+def _landing() -> Messages:
+    """A landing the consumer could not honour (not a whole number of ms in range)."""
+    value = app_settings.DELAY_LANDING_MS
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LANDING_MS:
+        return []
+    return [
+        _err(
+            14,
+            f"{SETTING_NAME}['DELAY_LANDING_MS'] must be a whole number of milliseconds from 0 "
+            f"to {MAX_LANDING_MS}, got {value!r}.",
+            "50 (the default) holds the last 50 ms, rounded up to DELAY_RESOLUTION_MS, of each "
+            "retry delay in the consumer; 0 leaves all of it to the delay levels.",
         )
     ]

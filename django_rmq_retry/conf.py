@@ -58,6 +58,11 @@ DEFAULTS: dict[str, Any] = {
     # delay is RESOLUTION_MS * (2**DELAY_LEVELS - 1); defaults: 100 ms steps, ~9.7 days.
     "DELAY_RESOLUTION_MS": 100,
     "DELAY_LEVELS": 23,
+    # The last part of each retry delay a consumer holds (unacked, in memory) rather than
+    # the delay levels: at least this many ms, rounded up to whole DELAY_RESOLUTION_MS.
+    # RabbitMQ adds 1-2 ms and a tail of tens of ms per level; landing early and waiting out
+    # the rest runs a retry at its due time. 0: the levels hold all of it.
+    "DELAY_LANDING_MS": 50,
     # Default retry policy for every receiver (a receiver's own or a RetryPolicy row wins).
     "RETRY": {
         "max_attempts": 5,

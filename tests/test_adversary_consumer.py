@@ -115,7 +115,8 @@ def test_a_retry_copy_the_broker_keeps_refusing_ends_parked_after_the_limit(rmq,
     else:
         ctx = delay_queues_refuse(rmq)
     with ctx:
-        work.send({"id": "refused", "fail": 1, "only": ["alpha"]})
+        # A 1 s retry crosses the levels (a shorter one than the landing would skip them).
+        work.send({"id": "refused", "fail": 1, "only": ["alpha"], "retry_delay": 1})
         parked = wait_for(
             lambda: ParkedMessage.objects.filter(receiver__endswith="alpha").exists(), 60, 0.5
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from django.conf import settings
 from ..conf import app_settings
 from ..core.backoff import Policy
 from ..core.deadletter import dead_letter_park, last_death
-from ..core.delays import DelayLevels, route
+from ..core.delays import DelayLevels, landing_wait, route
 from ..core.envelope import Envelope, read_incoming, retry_properties
 from ..core.failure import (
     Failure,
@@ -58,7 +59,9 @@ class Handler:
 
     ``policy_for`` gives a receiver's effective retry policy (database row > code >
     settings by default); ``limits`` counts starts of redelivered messages (``None``: no
-    delivery limit); ``clock`` and ``rng`` are the time and the jitter source.
+    delivery limit); ``clock`` and ``rng`` are the time and the jitter source;
+    ``landing_ms`` is the last stretch of a retry delay the consumer holds (0: none; the
+    in-memory broker's levels take no time, so it needs none).
     """
 
     def __init__(
@@ -70,9 +73,12 @@ class Handler:
         policy_for: Callable[[Receiver], Policy] = policy_cache.for_receiver,
         clock: Callable[[], datetime] = _now,
         rng: random.Random | None = None,
+        landing_ms: int = 0,
     ) -> None:
         self.names = names
         self.levels = levels
+        self.landing_ms = landing_ms
+        self._due_header = names.header("due")
         self.limits = limits
         self.policy_for = policy_for
         self.clock = clock
@@ -80,6 +86,23 @@ class Handler:
         self.error_header_max = int(app_settings.ERROR_HEADER_MAX)
         self._roots = library_roots()
         self._base_dir = str(getattr(settings, "BASE_DIR", "") or "")
+
+    def wait_before(self, d: Delivery) -> float:
+        """Seconds ``d`` must wait before its receiver runs: a retry copy that landed early.
+
+        At most the landing plus one resolution unit (what ``route`` leaves to the consumer),
+        whatever the due header says.
+        """
+        if self.landing_ms <= 0:
+            return 0.0
+        headers = d.properties.get("headers")
+        if not headers:
+            return 0.0
+        due = headers.get(self._due_header)
+        if due is None:
+            return 0.0
+        most = self.landing_ms + self.levels.resolution_ms
+        return landing_wait(due, int(time.time() * 1000), most)
 
     def handle(self, d: Delivery) -> Action:
         headers = d.properties.get("headers") or {}
@@ -193,7 +216,13 @@ class Handler:
         assert isinstance(decision, RetryLater)
         now = self.clock()
         failure = Failure(error_type_name(exc), error_summary(exc, self.error_header_max), now)
-        way = route(self.levels, self.names, decision.delay, int(now.timestamp() * 1000))
+        way = route(
+            self.levels,
+            self.names,
+            decision.delay,
+            int(now.timestamp() * 1000),
+            landing_ms=self.landing_ms,
+        )
         props = retry_properties(
             d.properties,
             names=self.names,

@@ -108,8 +108,19 @@ class Consumer:
         )
         self._limits = limits
         self._notifier = Notifier()
-        self.handler = Handler(self.names, current_levels(), limits=limits)
-        self._pool = DaemonPool(self.threads, "rmq-receiver", self._process, self._hand_back)
+        self.handler = Handler(
+            self.names,
+            current_levels(),
+            limits=limits,
+            landing_ms=int(app_settings.DELAY_LANDING_MS),
+        )
+        self._pool = DaemonPool(
+            self.threads,
+            "rmq-receiver",
+            self._process,
+            self._hand_back,
+            hold=self.handler.wait_before,
+        )
         self._parker = ParkWriter(
             self.names,
             on_done=self._park_done,

@@ -2,7 +2,8 @@
 
 Receivers never run on the connection's thread, so a slow receiver never starves
 heartbeats. A job moves pending → running → done, or pending → cancelled (a warm shutdown
-returns deliveries no receiver started to their queue untouched).
+returns deliveries no receiver started to their queue untouched). A retry copy that arrived
+before its due time stays pending in the ``landing`` until then.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from queue import Empty, SimpleQueue
 
 from ..threads import start_daemon
 from .actions import Action, Delivery
+from .landing import Landing
 
 PENDING, RUNNING, DONE, CANCELLED = "pending", "running", "done", "cancelled"
 
@@ -57,15 +59,27 @@ class DaemonPool:
         name: str,
         run: Callable[[Delivery], Action],
         done: Callable[[Job], None],
+        hold: Callable[[Delivery], float] | None = None,
     ) -> None:
         self._run = run
         self._done = done
+        self._hold = hold  # seconds a delivery waits before a thread may start it
         self._lock = threading.Lock()  # job state changes: start vs cancel
         self._queue: SimpleQueue[Job | None] = SimpleQueue()
+        self._landing: Landing[Job] = Landing(self._queue.put, f"{name}-landing")
         self._threads = [start_daemon(self._loop, f"{name}_{i}") for i in range(max(1, workers))]
 
     def submit(self, job: Job) -> None:
-        self._queue.put(job)
+        wait = self._hold(job.delivery) if self._hold is not None else 0.0
+        if wait > 0:
+            self._landing.hold(job, wait)
+        else:
+            self._queue.put(job)
+
+    @property
+    def held(self) -> int:
+        """Jobs waiting in the landing for their due time."""
+        return len(self._landing)
 
     def cancel(self, job: Job) -> bool:
         """Cancel a job no worker has started (it goes back to the queue untouched)."""
@@ -92,6 +106,7 @@ class DaemonPool:
 
     def shutdown(self) -> None:
         """Cancel queued jobs and let every thread exit after its current one."""
+        self._landing.close()
         while True:
             try:
                 job = self._queue.get_nowait()

@@ -1,0 +1,187 @@
+"""The landing: the last stretch of a retry delay held by the consumer, not the delay levels.
+
+A retry copy reaches its queue up to ``DELAY_LANDING_MS`` (rounded up to whole resolution
+units) before its due time; the consumer holds it, unacked, and its receiver runs when it is
+due, never before. Against the real broker, with messages counted end to end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pika
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.test import override_settings
+
+from django_rmq_retry import Retry, Topic
+from django_rmq_retry.checks import check_settings
+from django_rmq_retry.consumer.landing import Landing
+from django_rmq_retry.consumer.loop import Consumer
+from django_rmq_retry.models import ParkedMessage
+from django_rmq_retry.registry import default_registry
+from tests.conftest import wait_for
+
+
+# The landing on its own (no broker) ---------------------------------------------------------
+def test_held_jobs_leave_in_due_order_and_never_before_their_time():
+    out: list[tuple[str, float]] = []
+    done = threading.Event()
+
+    def release(job: tuple[str, float]) -> None:
+        out.append((job[0], time.monotonic() - job[1]))
+        if len(out) == 3:
+            done.set()
+
+    landing: Landing[tuple[str, float]] = Landing(release, "test-landing")
+    start = time.monotonic()
+    landing.hold(("late", start + 0.3), 0.3)
+    landing.hold(("early", start + 0.1), 0.1)
+    landing.hold(("middle", start + 0.2), 0.2)
+    assert done.wait(10)
+    assert [name for name, _ in out] == ["early", "middle", "late"]
+    assert all(late_by >= 0 for _, late_by in out), out  # released at or after its time
+    assert len(landing) == 0
+
+
+def test_a_closed_landing_releases_nothing_more():
+    out: list[str] = []
+    landing: Landing[str] = Landing(out.append, "test-landing")
+    landing.hold("held", 0.2)
+    landing.close()
+    landing.hold("after close", 0)
+    time.sleep(0.4)
+    assert out == [] and len(landing) == 0
+
+
+@pytest.mark.parametrize("value", [-1, 10_001, 1.5, "50", None, True])
+def test_a_landing_out_of_range_is_refused_by_check(value):
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "DELAY_LANDING_MS": value}):
+        ids = [m.id for m in check_settings()]
+    assert "django_rmq_retry.E014" in ids
+
+
+@pytest.mark.parametrize("value", [0, 50, 10_000])
+def test_a_landing_in_range_passes_check(value):
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "DELAY_LANDING_MS": value}):
+        ids = [m.id for m in check_settings()]
+    assert "django_rmq_retry.E014" not in ids
+
+
+# Against the real broker ---------------------------------------------------------------------
+def _with(rmq, **changes):
+    """The ``rmq`` fixture's settings (its prefix) with ``changes``."""
+    return override_settings(RMQ_RETRY={**settings.RMQ_RETRY, **changes})
+
+
+def _failing_once(topic: Topic, delay: float, runs: list[dict]) -> None:
+    """A receiver that records each run and asks for one retry after ``delay`` seconds."""
+
+    @topic.connect
+    def landing_probe(message, **kwargs):
+        runs.append(
+            {
+                "attempt": message.attempt,
+                "ms": time.time() * 1000,
+                "due": message.headers.get(f"{settings.RMQ_RETRY['PREFIX']}-due"),
+                "deaths": [d["queue"] for d in message.headers.get("x-death", [])],
+            }
+        )
+        if message.attempt == 1:
+            raise Retry("once more", delay=delay)
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("landing_ms", "levels"), [(300, [2, 1, 0]), (0, [3, 1])])
+def test_a_retry_lands_early_through_fewer_levels_and_runs_at_its_due_time(
+    rmq, registry_snapshot, landing_ms, levels
+):
+    """1 s retry: with a 300 ms landing the levels hold 700 ms (levels 2, 1, 0: 400 + 200 +
+    100), the copy arrives ~300 ms early and its receiver still runs at or after the due
+    time; with none, the levels hold all of it (3 and 1: 800 + 200)."""
+    runs: list[dict] = []
+    topic = Topic("test.landing")
+    with _with(rmq, DELAY_LANDING_MS=landing_ms):
+        _failing_once(topic, 1.0, runs)
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        topic.send({"n": 1})
+        call_command("rmq_consume", "landing_probe", max_messages=2, verbosity=0)
+    assert [r["attempt"] for r in runs] == [1, 2]
+    second = runs[1]
+    assert second["due"] is not None and second["ms"] >= second["due"] - 1, second
+    crossed = sorted(
+        (int(q.rsplit(".", 1)[1]) for q in second["deaths"] if ".delay." in q), reverse=True
+    )
+    assert crossed == levels
+    assert rmq.depth(rmq.queue("landing_probe")) == 0
+    assert ParkedMessage.objects.count() == 0
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_a_warm_stop_gives_a_held_copy_back_untouched_and_the_next_consumer_runs_it_once(
+    rmq, registry_snapshot
+):
+    """A 3 s retry under a 3 s landing skips the levels: the consumer holds the copy. A warm
+    stop while it is held returns it to its queue (nothing run, nothing lost); the next
+    consumer holds it until due and runs it once."""
+    runs: list[dict] = []
+    topic = Topic("test.landing")
+    with _with(rmq, DELAY_LANDING_MS=3000):
+        _failing_once(topic, 3.0, runs)
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        topic.send({"n": 1})
+        probe = default_registry.find("landing_probe", rmq.names.prefix)
+        assert probe is not None
+        consumer = Consumer([probe], consume_orphans=False)
+        thread = threading.Thread(target=consumer.run)
+        thread.start()
+        try:
+            assert wait_for(lambda: consumer._pool.held == 1, timeout=20)
+        finally:
+            consumer.request_stop()
+            thread.join(30)
+        assert not thread.is_alive()
+        assert [r["attempt"] for r in runs] == [1]
+        assert consumer.stats.retried == 1 and consumer.stats.handled == 0
+        assert wait_for(lambda: rmq.depth(rmq.queue("landing_probe")) == 1, timeout=10)
+        call_command("rmq_consume", "landing_probe", max_messages=1, verbosity=0)
+    assert [r["attempt"] for r in runs] == [1, 2]
+    assert runs[1]["ms"] >= runs[1]["due"] - 1
+    assert rmq.depth(rmq.queue("landing_probe")) == 0
+    assert ParkedMessage.objects.count() == 0
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("due", ["far", "text"])
+def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
+    rmq, registry_snapshot, due
+):
+    """A client that is not ours sets our due header an hour ahead (or to text): the message
+    waits at most the landing plus one unit (here 0.3 + 0.1 s), then runs once."""
+    runs: list[dict] = []
+    topic = Topic("test.landing")
+    with _with(rmq, DELAY_LANDING_MS=300):
+        _failing_once(topic, 0, runs)
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        value = int(time.time() * 1000) + 3_600_000 if due == "far" else "soon"
+        rmq.ch().basic_publish(
+            rmq.names.work_exchange,
+            "test.landing",
+            b'{"n": 1}',
+            pika.BasicProperties(
+                content_type="application/json",
+                message_id="foreign-1",
+                headers={rmq.names.header("due"): value},
+            ),
+        )
+        started = time.monotonic()
+        call_command("rmq_consume", "landing_probe", max_messages=2, verbosity=0)
+        took = time.monotonic() - started
+    assert [r["attempt"] for r in runs] == [1, 2]
+    assert took < 20  # bounded: an hour-long hold would never get here
+    assert ParkedMessage.objects.count() == 0
