@@ -102,7 +102,7 @@ class Handler:
         if due is None:
             return 0.0
         most = self.landing_ms + self.levels.resolution_ms
-        return landing_wait(due, int(time.time() * 1000), most)
+        return landing_wait(due, time.time() * 1000, most)
 
     def handle(self, d: Delivery) -> Action:
         headers = d.properties.get("headers") or {}

@@ -112,7 +112,7 @@ def route(
     return RetryRoute(exchange, plan.routing_key, delay_ms, now_ms + delay_ms, delay_ms - in_levels)
 
 
-def landing_wait(due: object, now_ms: int, most_ms: int) -> float:
+def landing_wait(due: object, now_ms: float, most_ms: int) -> float:
     """Seconds a consumer holds a delivery that arrived before its due time (0: run now).
 
     ``due`` is the copy's due header as it arrived: anything but an integer (a foreign
