@@ -185,4 +185,3 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
     assert [r["attempt"] for r in runs] == [1, 2]
     assert took < 20  # bounded: an hour-long hold would never get here
     assert ParkedMessage.objects.count() == 0
-
