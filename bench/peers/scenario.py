@@ -320,7 +320,8 @@ class RetryRound:
 
 
 HOW = {
-    "ours": "delay levels: TTL queues in RabbitMQ, the worker holds nothing",
+    "ours": "delay levels: TTL queues in RabbitMQ; the consumer holds only the landing "
+    "(DELAY_LANDING_MS, the last 100 ms by default), at most its prefetch at once",
     "dramatiq": "held unacked in worker memory (from <queue>.DQ) until due, then re-published",
     "celery": "eta message held unacked in worker memory on a timer",
     "celerythreads": "eta message held unacked in worker memory on a timer",
