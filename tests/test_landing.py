@@ -71,8 +71,8 @@ def test_a_landing_in_range_passes_check(value):
 
 
 # Against the real broker ---------------------------------------------------------------------
-def _with(rmq, **changes):
-    """The ``rmq`` fixture's settings (its prefix) with ``changes``."""
+def _with(**changes):
+    """The current settings (the ``rmq`` fixture's prefix) with ``changes``."""
     return override_settings(RMQ_RETRY={**settings.RMQ_RETRY, **changes})
 
 
@@ -104,7 +104,7 @@ def test_a_retry_lands_early_through_fewer_levels_and_runs_at_its_due_time(
     time; with none, the levels hold all of it (3 and 1: 800 + 200)."""
     runs: list[dict] = []
     topic = Topic("test.landing")
-    with _with(rmq, DELAY_LANDING_MS=landing_ms):
+    with _with(DELAY_LANDING_MS=landing_ms):
         _failing_once(topic, 1.0, runs)
         call_command("rmq_consume", setup_only=True, verbosity=0)
         topic.send({"n": 1})
@@ -130,7 +130,7 @@ def test_a_warm_stop_gives_a_held_copy_back_untouched_and_the_next_consumer_runs
     consumer holds it until due and runs it once."""
     runs: list[dict] = []
     topic = Topic("test.landing")
-    with _with(rmq, DELAY_LANDING_MS=3000):
+    with _with(DELAY_LANDING_MS=3000):
         _failing_once(topic, 3.0, runs)
         call_command("rmq_consume", setup_only=True, verbosity=0)
         topic.send({"n": 1})
@@ -165,7 +165,7 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
     waits at most the landing plus one unit (here 0.3 + 0.1 s), then runs once."""
     runs: list[dict] = []
     topic = Topic("test.landing")
-    with _with(rmq, DELAY_LANDING_MS=300):
+    with _with(DELAY_LANDING_MS=300):
         _failing_once(topic, 0, runs)
         call_command("rmq_consume", setup_only=True, verbosity=0)
         value = int(time.time() * 1000) + 3_600_000 if due == "far" else "soon"

@@ -100,8 +100,8 @@ def route(
     a tail of tens of ms (``bench/hops.py``): landing early and waiting out the rest in the
     consumer is what puts a retry's receiver on its due time.
     """
-    delay_ms = levels.plan(delay_s * 1000).units * levels.resolution_ms
     res = levels.resolution_ms
+    delay_ms = levels.units_for(delay_s * 1000) * res
     in_levels = max(0, delay_ms - max(0, landing_ms)) // res * res
     plan = levels.plan(in_levels)
     exchange = (
