@@ -175,10 +175,8 @@ c_write_config() {
   as_root chown -R rabbitmq:rabbitmq "$C_DIR"
 }
 
-c_start_node() {
-  local n="$1" d="$C_DIR/c$1" i
-  c_answers "$n" && return 0
-  c_write_config "$n"
+c_launch() {
+  local n="$1" d="$C_DIR/c$1"
   c_as env RABBITMQ_NODENAME="$(c_node "$n")" RABBITMQ_NODE_PORT="$(c_port "$n")" \
     RABBITMQ_DIST_PORT=$((25700 + n)) RABBITMQ_CONF_ENV_FILE="$d/rabbitmq-env.conf" \
     RABBITMQ_CONFIG_FILE="$d/rabbitmq.conf" RABBITMQ_ADVANCED_CONFIG_FILE="$d/advanced.config" \
@@ -187,9 +185,51 @@ c_start_node() {
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$ERL_QUIET_ARGS" \
     ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}" \
     "$C_BIN/rabbitmq-server" -detached
-  for i in $(seq 1 120); do c_answers "$n" && break; sleep 1; done
-  c_ctl "$n" await_startup --timeout 60 >/dev/null 2>&1 || true
-  c_answers "$n" || die "node $(c_node "$n") did not answer within 120 s; log: $d/log/"
+}
+
+# The Erlang VMs of node N: 3.10 names its node only once booted, so look in their environment.
+c_vms() {
+  local p
+  for p in $(pgrep -u rabbitmq beam.smp 2>/dev/null); do
+    as_root cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' \
+      | grep -qx "RABBITMQ_NODENAME=$(c_node "$1")" && echo "$p"
+  done
+  true
+}
+
+# What a node that did not answer left behind, printed where CI shows it.
+c_diagnose() {
+  local n="$1" d="$C_DIR/c$1" f
+  say "$(c_node "$n") did not answer; what it left:"
+  echo "  VM pid(s): $(c_vms "$n" | tr '\n' ' ')"
+  echo "  epmd: $(epmd -names 2>&1 | tr '\n' ';')"
+  echo "  listeners on $(c_port "$n")/$((25700 + n)): $(ss -ltnp 2>/dev/null | grep -E ":($(c_port "$n")|$((25700 + n)))\b" | tr -s ' ' | tr '\n' ';')"
+  for f in "$d/start.out" "$d"/log/*.log; do
+    [ -f "$f" ] || continue
+    echo "  --- last lines of $f"
+    as_root tail -n 12 "$f" | sed 's/^/  /'
+  done
+}
+
+c_start_node() {
+  local n="$1" d="$C_DIR/c$1" i try p
+  c_answers "$n" && return 0
+  c_write_config "$n"
+  # Twice at most: CI saw a node's boot stop right after its logging came up, silently, where
+  # the same start passed before and after. A second start after killing its VM is cheap; the
+  # diagnosis goes to the output so the next failure says why.
+  for try in 1 2; do
+    c_launch "$n" >"$d/start.out" 2>&1 || true
+    for i in $(seq 1 "${RMQ_CLUSTER_START_WAIT:-90}"); do c_answers "$n" && break; sleep 1; done
+    c_ctl "$n" await_startup --timeout 30 >/dev/null 2>&1 || true
+    c_answers "$n" && return 0
+    c_diagnose "$n"
+    [ "$try" = 2 ] && break
+    for p in $(c_vms "$n"); do as_root kill -9 "$p" 2>/dev/null || true; done
+    sleep 2
+    say "starting $(c_node "$n") once more"
+  done
+  die "node $(c_node "$n") did not answer within 2 × 120 s; log: $d/log/"
 }
 
 c_stop_node() {
