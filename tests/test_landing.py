@@ -20,6 +20,7 @@ from django_rmq_retry import Retry, Topic
 from django_rmq_retry.checks import check_settings
 from django_rmq_retry.consumer.landing import Landing
 from django_rmq_retry.consumer.loop import Consumer
+from django_rmq_retry.consumer.spare import SPARE_LINGER_S, SpareWindows
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.registry import default_registry
 from tests.conftest import wait_for
@@ -68,6 +69,32 @@ def test_a_landing_in_range_passes_check(value):
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "DELAY_LANDING_MS": value}):
         ids = [m.id for m in check_settings()]
     assert "django_rmq_retry.E014" not in ids
+
+
+# When to widen a window (no broker) ---------------------------------------------------------
+def test_a_spare_starts_once_held_copies_fill_half_a_window_and_leaves_after_lingering():
+    spares = SpareWindows(prefetch=20)
+    assert spares.spare_prefetch == 80
+    assert not spares.decide({"q": 9}, now=0.0).start  # under half the window
+    moves = spares.decide({"q": 10, "other": 3}, now=0.0)
+    assert moves.start == ("q",) and moves.cancel == ()
+    spares.started("q", "tag-q", now=0.0)
+    assert not spares.decide({"q": 40}, now=0.5).start  # one spare per queue at most
+    assert not spares.decide({}, now=0.5 + SPARE_LINGER_S / 2).cancel  # still lingering
+    assert spares.decide({}, now=0.5 + SPARE_LINGER_S).cancel == ("tag-q",)
+    assert spares.forget("tag-q") == "q" and not spares.tags
+    assert spares.forget("tag-q") is None  # a main consumer's tag is not ours
+
+
+def test_a_spare_stays_while_its_queue_holds_copies():
+    spares = SpareWindows(prefetch=1)
+    assert spares.decide({"q": 1}, now=0.0).start == ("q",)
+    spares.started("q", "t", now=0.0)
+    for second in range(1, 5):  # copies keep landing: the spare is never cancelled
+        assert spares.decide({"q": 1}, now=float(second)).cancel == ()
+    assert spares.decide({}, now=4.0 + SPARE_LINGER_S).cancel == ("t",)
+    spares.reset()
+    assert not spares.tags and not spares.last_held
 
 
 # Against the real broker ---------------------------------------------------------------------
@@ -184,4 +211,58 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
         took = time.monotonic() - started
     assert [r["attempt"] for r in runs] == [1, 2]
     assert took < 20  # bounded: an hour-long hold would never get here
+    assert ParkedMessage.objects.count() == 0
+
+
+def _consumers(rmq, queue: str) -> int:
+    return rmq.ch().queue_declare(queue, passive=True).method.consumer_count
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stop_while_held", [False, True], ids=["run", "warm-stop"])
+def test_copies_held_past_one_window_widen_it_with_a_spare_consumer(
+    rmq, registry_snapshot, stop_while_held
+):
+    """Prefetch 2, ten copies due 3 s after their first attempt, all in the landing: the
+    window widens (a spare consumer on the same queue) so all ten are held at once, each
+    runs once at or after its due time, and the spare leaves once nothing is held. A warm
+    stop while they are held gives all ten back; the next consumer runs each once."""
+    runs: list[dict] = []
+    topic = Topic("test.landing")
+    with _with(DELAY_LANDING_MS=3000):
+        _failing_once(topic, 3.0, runs)
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        for n in range(10):
+            topic.send({"n": n})
+        probe = default_registry.find("landing_probe", rmq.names.prefix)
+        assert probe is not None
+        queue = rmq.queue("landing_probe")
+        consumer = Consumer([probe], consume_orphans=False, prefetch=2)
+        thread = threading.Thread(target=consumer.run)
+        thread.start()
+        try:
+            # Without the spare, two held copies fill the window and the rest wait queued.
+            assert wait_for(lambda: consumer._pool.held == 10, timeout=20), consumer._pool.held
+            assert _consumers(rmq, queue) == 2
+            if not stop_while_held:
+                assert wait_for(lambda: len(runs) == 20, timeout=20), len(runs)
+                assert wait_for(lambda: _consumers(rmq, queue) == 1, timeout=10)
+                assert not consumer._spares.tags
+        finally:
+            consumer.request_stop()
+            thread.join(30)
+        assert not thread.is_alive()
+        assert consumer.stats.retried == 10
+        if stop_while_held:
+            assert consumer.stats.handled == 0
+            assert [r["attempt"] for r in runs] == [1] * 10
+            assert wait_for(lambda: rmq.depth(queue) == 10, timeout=10)
+            call_command("rmq_consume", "landing_probe", max_messages=10, verbosity=0)
+        else:
+            assert consumer.stats.handled == 10
+    assert sorted(r["attempt"] for r in runs) == [1] * 10 + [2] * 10
+    seconds = [r for r in runs if r["attempt"] == 2]
+    assert all(r["ms"] >= r["due"] - 1 for r in seconds), seconds
+    assert rmq.depth(queue) == 0
     assert ParkedMessage.objects.count() == 0

@@ -15,12 +15,14 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from ..threads import start_daemon
 
 J = TypeVar("J")
+K = TypeVar("K", bound=Hashable)
 
 
 class Landing(Generic[J]):
@@ -48,6 +50,11 @@ class Landing(Generic[J]):
     def __len__(self) -> int:
         with self._ready:
             return len(self._held)
+
+    def count_by(self, key: Callable[[J], K]) -> Counter[K]:
+        """How many held jobs share each ``key`` (e.g. their queue)."""
+        with self._ready:
+            return Counter(key(job) for _at, _n, job in self._held)
 
     def close(self) -> None:
         """Release nothing more; jobs still held are dropped here (their owner cancels them)."""

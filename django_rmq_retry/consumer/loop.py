@@ -37,6 +37,7 @@ from .housekeeper import Housekeeper
 from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
 from .pool import CANCELLED, DaemonPool, Job
+from .spare import SpareWindows
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -128,6 +129,9 @@ class Consumer:
             is_current=lambda d: d.generation == self._generation,
             stop=self._stop,
         )
+        #: Spare consumers widening a queue's window while retry copies wait in the landing.
+        self._spares = SpareWindows(self.prefetch)
+        self._winding_down = False
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
         self._housekeeping_stop = threading.Event()
         #: The outbox relay and the inbox purge (``None``: ``relay=False``).
@@ -179,6 +183,7 @@ class Consumer:
     def _connect_and_declare(self) -> None:
         self._generation += 1
         self._unsettled = set()  # delivery tags start over on a new channel
+        self._spares.reset()
         with self._wake_lock:
             self._wake_pending = False  # a wake-up scheduled on the old connection is gone
         name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
@@ -221,6 +226,8 @@ class Consumer:
         node holding it went away. Declare the topology again and consume them again; a
         queue that cannot be declared raises (reconnect, or exit if it conflicts)."""
         tags, self._cancelled[:] = list(self._cancelled), []
+        for tag in tags:
+            self._spares.forget(tag)  # a spare is not resumed: the next pump decides again
         queues = [self._queue_by_tag.pop(tag) for tag in tags if tag in self._queue_by_tag]
         if not queues or self._stop.is_set():
             return
@@ -296,10 +303,37 @@ class Consumer:
             )
         if self._cancelled:
             self._resume_cancelled()
+        if self._spares.tags or self._pool.held:
+            self._adjust_spares()
+
+    def _adjust_spares(self) -> None:
+        """Start or cancel spare consumers as the landing's held copies call for
+        (``consumer/spare.py``). Runs on the connection's thread, after a pump."""
+        if self._stop.is_set() or self._winding_down:
+            return
+        now = time.monotonic()
+        moves = self._spares.decide(self._pool.held_by_queue(), now)
+        for tag in moves.cancel:
+            queue = self._spares.forget(tag)
+            logger.debug("cancelling the spare consumer of %s: nothing held there", queue)
+            self._channel.cancel(tag)
+        for queue in moves.start:
+            logger.debug(
+                "retry copies held fill the window of %s: a spare consumer (prefetch %d)",
+                queue,
+                self._spares.spare_prefetch,
+            )
+            # A per-consumer prefetch applies to consumers started after it: set it for the
+            # spare alone, then put it back for any consumer resumed later.
+            self._channel.qos(self._spares.spare_prefetch)
+            tag = self._channel.consume(queue, self._on_message(queue, self._generation))
+            self._channel.qos(self.prefetch)
+            self._spares.started(queue, tag, now)
 
     # Main loop ------------------------------------------------------------------------------
     def _consume_until_stopped(self) -> None:
         self._last_activity = time.monotonic()
+        self._winding_down = False
         while not self._stop.is_set():
             self._pump(0.05 if self._inflight else 0.25)
             if self.max_messages is not None and self.stats.done >= self.max_messages:
@@ -316,7 +350,8 @@ class Consumer:
 
     def _warm_shutdown(self) -> None:
         """Stop consuming, let in-flight receivers finish and act on them, then return."""
-        for consumer_tag in list(self._queue_by_tag):
+        self._winding_down = True  # no spare consumer starts from here on
+        for consumer_tag in [*self._queue_by_tag, *self._spares.tags.values()]:
             try:
                 self._channel.cancel(consumer_tag)
             except ConnectionLost:

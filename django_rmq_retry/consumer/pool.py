@@ -81,6 +81,10 @@ class DaemonPool:
         """Jobs waiting in the landing for their due time."""
         return len(self._landing)
 
+    def held_by_queue(self) -> dict[str, int]:
+        """Jobs waiting in the landing, per queue of their delivery."""
+        return dict(self._landing.count_by(lambda job: job.delivery.queue))
+
     def cancel(self, job: Job) -> bool:
         """Cancel a job no worker has started (it goes back to the queue untouched)."""
         with self._lock:

@@ -1,0 +1,96 @@
+"""When retry copies waiting in the landing fill a queue's window, a spare consumer widens it.
+
+A held copy is unacked, so it fills one prefetch slot until it is due. When a hundred copies
+due at the same moment land together, the first ``PREFETCH`` fill the window and the rest
+wait in the queue until those run and are acked: each further window costs RabbitMQ's refill
+round trip after the due time (the head-of-line row of ``bench/run.py peers``: p99 2.75 ms,
+against 1.27 ms with the window wide enough for them all).
+
+A running consumer's prefetch cannot be raised: RabbitMQ applies a per-consumer
+``basic.qos`` only to consumers started after it, and a channel-wide (``global``) prefetch is
+a deprecated feature, refused by default since RabbitMQ 4.3 and never offered by quorum
+queues. So the consumer starts a second, *spare* consumer on that queue with its own
+prefetch, and cancels it once nothing of that queue has been held for a while. The copies
+(and any fresh message) it receives are handled exactly like the main consumer's, on the
+same channel; cancelling it leaves its unacked deliveries where they are, and pika gives
+back to the queue, untouched, any it had not dispatched yet.
+
+This module only decides (pure state, no broker): the consumer loop asks it after each pump
+and does what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: A spare consumer's prefetch, in units of the main consumer's: the window of one queue is
+#: at most (1 + SPARE_FACTOR) × PREFETCH while copies are held.
+SPARE_FACTOR = 4
+
+#: Seconds with nothing of its queue held before a spare consumer is cancelled: a stream of
+#: retries landing now and then keeps one spare, instead of two RPCs per copy.
+SPARE_LINGER_S = 1.0
+
+
+@dataclass(frozen=True)
+class SpareMoves:
+    """What the loop should do: start a spare on these queues, cancel these consumer tags."""
+
+    start: tuple[str, ...] = ()
+    cancel: tuple[str, ...] = ()
+
+
+NOTHING = SpareMoves()
+
+
+@dataclass
+class SpareWindows:
+    """Which queues have a spare consumer, and when each last had a held copy."""
+
+    prefetch: int
+    #: queue → the spare consumer's tag
+    tags: dict[str, str] = field(default_factory=dict)
+    #: queue → monotonic time its held copies were last seen (only for queues with a spare)
+    last_held: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def spare_prefetch(self) -> int:
+        return max(1, self.prefetch) * SPARE_FACTOR
+
+    def threshold(self) -> int:
+        """Held copies of one queue that call for a spare: half its window (at least one)."""
+        return max(1, self.prefetch // 2)
+
+    def decide(self, held: Mapping[str, int], now: float) -> SpareMoves:
+        """``held``: copies held in the landing per queue, now (queues absent hold none)."""
+        if not held and not self.tags:
+            return NOTHING
+        start = tuple(q for q, n in held.items() if n >= self.threshold() and q not in self.tags)
+        cancel = []
+        for queue, tag in self.tags.items():
+            if held.get(queue, 0) > 0:
+                self.last_held[queue] = now
+            elif now - self.last_held.get(queue, now) >= SPARE_LINGER_S:
+                cancel.append(tag)
+        if not start and not cancel:
+            return NOTHING
+        return SpareMoves(start, tuple(cancel))
+
+    def started(self, queue: str, tag: str, now: float) -> None:
+        self.tags[queue] = tag
+        self.last_held[queue] = now
+
+    def forget(self, tag: str) -> str | None:
+        """The spare ``tag`` is cancelled (by us or by the broker): its queue, if it was one."""
+        for queue, t in list(self.tags.items()):
+            if t == tag:
+                del self.tags[queue]
+                self.last_held.pop(queue, None)
+                return queue
+        return None
+
+    def reset(self) -> None:
+        """A new connection: the old channel's consumers are gone with it."""
+        self.tags.clear()
+        self.last_held.clear()
