@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.core.delays import DelayLevels, landing_wait, route
+from django_rmq_retry.core.delays import DelayLevels, landing_wait, ms_at_or_after, route
 from django_rmq_retry.core.names import Names
 
 LEVELS = DelayLevels(resolution_ms=100, levels=23)
@@ -117,3 +118,17 @@ def test_landing_wait_holds_only_early_integer_due_times_and_never_past_the_cap(
     due, now_ms, most_ms, wait
 ):
     assert landing_wait(due, now_ms, most_ms) == wait
+
+
+@pytest.mark.parametrize(
+    ("moment", "ms"),
+    [
+        (datetime(2026, 1, 1, 0, 0, 0, 0, tzinfo=timezone.utc), 1_767_225_600_000),
+        (datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc), 1_767_225_600_001),
+        (datetime(2026, 1, 1, 0, 0, 0, 999, tzinfo=timezone.utc), 1_767_225_600_001),
+        (datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=timezone.utc), 1_767_225_600_001),
+        (datetime(2026, 1, 1, 0, 0, 0, 1001, tzinfo=timezone.utc), 1_767_225_600_002),
+    ],
+)
+def test_a_moment_counts_in_whole_ms_rounded_up_so_a_due_time_is_never_early(moment, ms):
+    assert ms_at_or_after(moment) == ms

@@ -21,7 +21,7 @@ from django.conf import settings
 from ..conf import app_settings
 from ..core.backoff import Policy
 from ..core.deadletter import dead_letter_park, last_death
-from ..core.delays import DelayLevels, landing_wait, route
+from ..core.delays import DelayLevels, landing_wait, ms_at_or_after, route
 from ..core.envelope import Envelope, read_incoming, retry_properties
 from ..core.failure import (
     Failure,
@@ -220,7 +220,7 @@ class Handler:
             self.levels,
             self.names,
             decision.delay,
-            int(now.timestamp() * 1000),
+            ms_at_or_after(now),
             landing_ms=self.landing_ms,
         )
         props = retry_properties(

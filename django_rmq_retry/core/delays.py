@@ -11,9 +11,12 @@ message into its queue if bit ``k`` is 1 and straight on to level ``k - 1`` if i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 
 from .names import Names
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,14 @@ def route(
         else names.deliver_exchange
     )
     return RetryRoute(exchange, plan.routing_key, delay_ms, now_ms + delay_ms, delay_ms - in_levels)
+
+
+def ms_at_or_after(moment: datetime) -> int:
+    """Epoch milliseconds of ``moment`` rounded *up*: a due time counted from it is never
+    before ``moment`` plus the delay (rounding down let a retry run up to 1 ms early by the
+    clock of the receiver that failed). Exact: from whole microseconds, no float."""
+    micros = (moment - _EPOCH) // timedelta(microseconds=1)
+    return -(-micros // 1000)
 
 
 def landing_wait(due: object, now_ms: float, most_ms: int) -> float:
