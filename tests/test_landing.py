@@ -75,6 +75,7 @@ def test_a_landing_in_range_passes_check(value):
 def test_a_spare_starts_once_held_copies_fill_half_a_window_and_leaves_after_lingering():
     spares = SpareWindows(prefetch=20)
     assert spares.spare_prefetch == 80
+    assert not spares.worth_deciding(9) and spares.worth_deciding(10)
     assert not spares.decide({"q": 9}, now=0.0).start  # under half the window
     moves = spares.decide({"q": 10, "other": 3}, now=0.0)
     assert moves.start == ("q",) and moves.cancel == ()

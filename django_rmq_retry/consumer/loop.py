@@ -303,7 +303,7 @@ class Consumer:
             )
         if self._cancelled:
             self._resume_cancelled()
-        if self._spares.tags or self._pool.held:
+        if self._spares.worth_deciding(self._pool.held):
             self._adjust_spares()
 
     def _adjust_spares(self) -> None:
