@@ -46,6 +46,12 @@ class Row:
         return None
 
 
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank): every benchmark's p50 and p99."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "—"

@@ -23,14 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BROKER_URL, Run, setup_django
+from bench.common import BROKER_URL, Run, pct, setup_django
 
 DELAYS = (0.8, 1.0, 3.1)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> int:

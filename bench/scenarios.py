@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bench.common import (
@@ -25,6 +26,7 @@ from bench.common import (
     declare_raw_queue,
     depth,
     manage_cmd,
+    pct,
     publish_bodies,
     purge,
     queue_name,
@@ -32,6 +34,7 @@ from bench.common import (
     run_timed,
     wait_depth,
 )
+from bench.peers.record import lateness
 
 PREFETCH = 20
 #: Rounds of a figure given as a median (ours and its twin alternating).
@@ -455,7 +458,7 @@ def delay(run: Run) -> list[Row]:
         raise RuntimeError(f"{len(records)} of {len(bodies)} delayed messages arrived")
     late = sorted(r["arrived"] - r["due"] for r in records)
     p50 = statistics.median(late)
-    p99 = late[min(len(late) - 1, round(0.99 * (len(late) - 1)))]
+    p99 = pct(late, 0.99)
     worst = {d: max(r["arrived"] - r["due"] for r in records if r["delay"] == d) for d in delays}
     from django_rmq_retry.conf import app_settings
 
@@ -477,43 +480,31 @@ def retry_stream(run: Run) -> list[Row]:
     copies the landing holds (rate × ~0.1 s) outnumber one prefetch window (20): the spare
     consumer (``consumer/spare.py``) is what keeps the window open for the rest. Lateness
     of the retries (second attempt − first failure − 1 s), median of 3 rounds."""
-    import threading
-
     from django_rmq_retry.publishing import get_publisher
 
     rate, n = (700.0, 1400) if run.quick else (700.0, 3000)
+    delays: dict[int, float | None] = dict.fromkeys(range(n), 1.0)
     publisher = get_publisher()
     rounds: list[tuple[float, float, float]] = []
     for rnd in range(3):
         times = run.path(f"stream-{rnd}.json")
-        got: dict[str, Timed] = {}
-
-        def consume(times: Any = times, got: dict[str, Timed] = got) -> None:
-            got["t"] = ours_consume(
-                run, "bench_peer_retry", 2 * n, timeout=300, BENCH_TIMES_FILE=str(times)
-            )
-
-        consumer = threading.Thread(target=consume)
-        consumer.start()
-        time.sleep(3.0)  # the consumer's start-up (Django, connect, consume)
-        t0, sent = time.monotonic(), 0
-        while sent < n:  # batches of 10, paced to the rate
-            publisher.publish_many(
-                "bench.peerretry",
-                [{"i": i, "op": "bench", "delay": 1.0} for i in range(sent, sent + 10)],
-            )
-            sent += 10
-            time.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
-        consumer.join()
-        if "t" not in got:
-            raise RuntimeError("the retry-stream consumer did not finish")
-        data = json.loads(times.read_text())
-        fails, oks = data["fail"], data["ok"]
-        if len(fails) != n or len(oks) != n:
-            raise RuntimeError(f"retry stream: {len(fails)} failures, {len(oks)} successes of {n}")
-        late = sorted((oks[k] - fails[k] - 1.0) * 1000 for k in fails)
-        p99 = late[min(n - 1, round(0.99 * (n - 1)))]
-        rounds.append((statistics.median(late), p99, late[-1]))
+        with ThreadPoolExecutor(1) as pool:  # the consumer runs while this thread publishes
+            consumed = pool.submit(
+                ours_consume, run, "bench_peer_retry", 2 * n, timeout=300,
+                BENCH_TIMES_FILE=str(times),
+            )  # fmt: skip
+            time.sleep(3.0)  # the consumer's start-up (Django, connect, consume)
+            t0, sent = time.monotonic(), 0
+            while sent < n:  # batches of 10, paced to the rate
+                publisher.publish_many(
+                    "bench.peerretry",
+                    [{"i": i, "op": "bench", "delay": 1.0} for i in range(sent, sent + 10)],
+                )
+                sent += 10
+                time.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+            consumed.result()  # raises what the consumer's run raised
+        late = list(lateness(times, delays, "retry stream").values())
+        rounds.append((statistics.median(late), pct(late, 0.99), max(late)))
     ensure_empty(queue_name("bench_peer_retry"))
     figure = (
         f"retry stream: {rate:,.0f} msg/s, {n:,} msgs, each retried once after 1 s, prefetch 20"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 
 class Recorder:
@@ -61,3 +62,22 @@ class Recorder:
         if self.times:
             with open(self.times, "w") as fh:
                 json.dump({"fail": self.fails, "ok": self.oks}, fh)
+
+
+def lateness(
+    times: Path, delays: dict[int, float | None], label: str, first: int | None = None
+) -> dict[int, float]:
+    """Per message: second attempt − first failure − requested delay, in ms (checked: every
+    message failed once and succeeded once, and message ``first``, if given, failed first)."""
+    data = json.loads(times.read_text())
+    fails = {int(k): v for k, v in data["fail"].items()}
+    oks = {int(k): v for k, v in data["ok"].items()}
+    if set(fails) != set(delays) or set(oks) != set(delays):
+        raise RuntimeError(
+            f"{label}: {len(fails)} first failures and {len(oks)} successes recorded for "
+            f"{len(delays)} messages"
+        )
+    earliest = min(fails, key=fails.__getitem__)
+    if first is not None and earliest != first:
+        raise RuntimeError(f"{label}: message {earliest} failed first, not {first}")
+    return {i: (oks[i] - fails[i] - (delays[i] or 0.0)) * 1000 for i in delays}

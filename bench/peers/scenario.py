@@ -36,12 +36,14 @@ from bench.common import (
     Run,
     Timed,
     declare_raw_queue,
+    pct,
     publish_bodies,
     queue_name,
     raw_cmd,
     run_timed,
     wait_depth,
 )
+from bench.peers.record import lateness
 from bench.scenarios import PREFETCH, ensure_empty, ours_consume, raw_consume
 
 SKIPPED = "peers (Dramatiq, Celery): skipped: pip install --group peers"
@@ -137,11 +139,6 @@ def rotated(rnd: int) -> list[str]:
     return SYSTEMS[k:] + SYSTEMS[:k]
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def publish_ours(routing_key: str, delays: dict[int, float | None]) -> None:
     """Publish ``{"i": i, "op": "bench", "delay": d}`` in order of ``i`` (runs of one delay
     at a time: ``publish_bodies`` confirms each batch before the next, so the order holds)."""
@@ -154,25 +151,6 @@ def publish_ours(routing_key: str, delays: dict[int, float | None]) -> None:
         extra: dict[str, Any] = {} if items[start][1] is None else {"delay": items[start][1]}
         publish_bodies(routing_key, stop - start, start=items[start][0], **extra)
         start = stop
-
-
-def lateness(
-    times: Path, delays: dict[int, float | None], label: str, first: int | None = None
-) -> dict[int, float]:
-    """Per message: second attempt − first failure − requested delay, in ms (checked: every
-    message failed once and succeeded once, and message ``first``, if given, failed first)."""
-    data = json.loads(times.read_text())
-    fails = {int(k): v for k, v in data["fail"].items()}
-    oks = {int(k): v for k, v in data["ok"].items()}
-    if set(fails) != set(delays) or set(oks) != set(delays):
-        raise RuntimeError(
-            f"{label}: {len(fails)} first failures and {len(oks)} successes recorded for "
-            f"{len(delays)} messages"
-        )
-    earliest = min(fails, key=fails.__getitem__)
-    if first is not None and earliest != first:
-        raise RuntimeError(f"{label}: message {earliest} failed first, not {first}")
-    return {i: (oks[i] - fails[i] - (delays[i] or 0.0)) * 1000 for i in delays}
 
 
 # a. consume + ack ------------------------------------------------------------------------
