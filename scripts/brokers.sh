@@ -14,6 +14,7 @@
 # Needs root (or sudo). The trixie root is a cache kept outside the repository
 # (RMQ4_ROOT, default /var/cache/django-rmq-retry/trixie) and built when absent (~1-3 min);
 # the cluster's data lives in RMQ_CLUSTER_DIR (default /var/lib/django-rmq-retry/cluster).
+# A cluster node gets RMQ_CLUSTER_START_WAIT seconds (default 90) plus 30 to answer, twice.
 source "$(dirname "$0")/_common.sh"
 
 R4_ROOT="${RMQ4_ROOT:-/var/cache/django-rmq-retry/trixie}"
@@ -212,7 +213,7 @@ c_diagnose() {
 }
 
 c_start_node() {
-  local n="$1" d="$C_DIR/c$1" i try p
+  local n="$1" d="$C_DIR/c$1" i try p patience="${RMQ_CLUSTER_START_WAIT:-90}"
   c_answers "$n" && return 0
   c_write_config "$n"
   # Twice at most: CI saw a node's boot stop right after its logging came up, silently, where
@@ -220,7 +221,7 @@ c_start_node() {
   # diagnosis goes to the output so the next failure says why.
   for try in 1 2; do
     c_launch "$n" >"$d/start.out" 2>&1 || true
-    for i in $(seq 1 "${RMQ_CLUSTER_START_WAIT:-90}"); do c_answers "$n" && break; sleep 1; done
+    for i in $(seq 1 "$patience"); do c_answers "$n" && break; sleep 1; done
     c_ctl "$n" await_startup --timeout 30 >/dev/null 2>&1 || true
     c_answers "$n" && return 0
     c_diagnose "$n"
@@ -229,7 +230,7 @@ c_start_node() {
     sleep 2
     say "starting $(c_node "$n") once more"
   done
-  die "node $(c_node "$n") did not answer within 2 × 120 s; log: $d/log/"
+  die "node $(c_node "$n") did not answer within 2 × $((patience + 30)) s; log: $d/log/"
 }
 
 c_stop_node() {
