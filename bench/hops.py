@@ -53,7 +53,7 @@ def main() -> int:
             for delay in DELAYS:
                 for i in range(args.n):
                     sent = time.time()
-                    r = route(levels, names, delay, int(sent * 1000))
+                    r = route(levels, names, delay, int(sent * 1_000_000))
                     body = json.dumps({"i": i, "sent": sent}).encode()
                     props = pika.BasicProperties(
                         headers={names.target_header: queue}, delivery_mode=2

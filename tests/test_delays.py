@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_rmq_retry.core.delays import DelayLevels, landing_wait, ms_at_or_after, route
+from django_rmq_retry.core.delays import DelayLevels, epoch_us, landing_wait, route
 from django_rmq_retry.core.names import Names
 
 LEVELS = DelayLevels(resolution_ms=100, levels=23)
@@ -79,8 +79,8 @@ def test_a_landing_leaves_the_consumer_at_least_its_length_and_less_than_a_unit_
 ):
     """The levels hold whole units of the delay less the landing; the due time is unchanged."""
     levels = DelayLevels(resolution_ms=resolution_ms, levels=16)
-    whole = route(levels, NAMES, delay_s, now_ms=1_000)
-    landed = route(levels, NAMES, delay_s, now_ms=1_000, landing_ms=landing_ms)
+    whole = route(levels, NAMES, delay_s, now_us=1_000_000)
+    landed = route(levels, NAMES, delay_s, now_us=1_000_000, landing_ms=landing_ms)
     assert (landed.delay_ms, landed.due_ms) == (whole.delay_ms, whole.due_ms)
     in_levels = levels.plan(landed.delay_ms - landed.landing_ms).units * resolution_ms
     assert in_levels + landed.landing_ms == landed.delay_ms
@@ -94,7 +94,7 @@ def test_a_landing_leaves_the_consumer_at_least_its_length_and_less_than_a_unit_
 
 
 def test_a_one_second_retry_with_the_default_landing_waits_900_ms_in_the_levels():
-    way = route(LEVELS, NAMES, 1.0, now_ms=0, landing_ms=50)
+    way = route(LEVELS, NAMES, 1.0, now_us=0, landing_ms=50)
     assert (way.delay_ms, way.due_ms, way.landing_ms) == (1000, 1000, 100)
     assert LEVELS.plan(900).routing_key == way.routing_key  # levels 3 and 0: 800 + 100 ms
     assert way.exchange == NAMES.delay_exchange(3)
@@ -121,6 +121,26 @@ def test_landing_wait_holds_only_early_integer_due_times_and_never_past_the_cap(
 
 
 @pytest.mark.parametrize(
+    ("due", "due_us", "now_ms", "wait"),
+    [
+        (1_250, 1_249_400, 1_000, 0.2494),  # the µs header, when it rounds up to the ms one
+        (1_250, 1_250_000, 1_000, 0.25),
+        (1_250, 1_248_999, 1_000, 0.25),  # not the same time: the ms header alone
+        (1_250, 1_250_001, 1_000, 0.25),
+        (1_250, 1_249_400.0, 1_000, 0.25),  # not an integer: ignored
+        (1_250, True, 1_000, 0.25),
+        (1_250, None, 1_000, 0.25),  # an older version's copy
+        (None, 1_249_400, 1_000, 0.0),  # no ms header: not a copy of ours, no wait
+        (1_001, 1_000_400, 1_000.5, 0.0),  # due by the µs though not by the ms: run now
+    ],
+)
+def test_landing_wait_takes_the_microseconds_only_beside_the_ms_they_round_to(
+    due, due_us, now_ms, wait
+):
+    assert landing_wait(due, now_ms, 500, due_us) == pytest.approx(wait, abs=1e-9)
+
+
+@pytest.mark.parametrize(
     ("moment", "ms"),
     [
         (datetime(2026, 1, 1, 0, 0, 0, 0, tzinfo=timezone.utc), 1_767_225_600_000),
@@ -130,5 +150,7 @@ def test_landing_wait_holds_only_early_integer_due_times_and_never_past_the_cap(
         (datetime(2026, 1, 1, 0, 0, 0, 1001, tzinfo=timezone.utc), 1_767_225_600_002),
     ],
 )
-def test_a_moment_counts_in_whole_ms_rounded_up_so_a_due_time_is_never_early(moment, ms):
-    assert ms_at_or_after(moment) == ms
+def test_the_due_ms_header_rounds_the_failure_up_so_a_copy_is_never_early(moment, ms):
+    way = route(LEVELS, NAMES, 1.0, now_us=epoch_us(moment))
+    assert way.due_ms == ms + 1_000
+    assert way.due_us == epoch_us(moment) + 1_000_000 <= way.due_ms * 1000

@@ -96,7 +96,7 @@ def test_retry_copy_keeps_every_property_and_adds_ours():
         exchange="p.work",
         routing_key="shop.order.paid",
         target_queue="p.rec",
-        due_ms=123,
+        due_us=122_400,
     )
     for key in (
         "content_type",
@@ -114,6 +114,7 @@ def test_retry_copy_keeps_every_property_and_adds_ours():
     assert h["p-attempt"] == 2 and h["p-error-type"] == "ValueError" and h["p-error"] == "bad"
     assert h["p-original-routing-key"] == "shop.order.paid" and h["p-target"] == "p.rec"
     assert h["p-first-failure"] == h["p-last-failure"]
+    assert (h["p-due"], h["p-due-us"]) == (123, 122_400)  # ms rounded up; the µs kept
     # expiration/user_id would break the delay path: kept in headers instead
     assert props["expiration"] is None and props["user_id"] is None
     assert h["p-original-expiration"] == "60000" and h["p-original-user-id"] == "guest"
@@ -129,7 +130,7 @@ def test_first_failure_time_survives_later_retries():
         exchange="e",
         routing_key="r",
         target_queue="q",
-        due_ms=0,
+        due_us=0,
     )
     # The handler reads the copy when it comes back, and passes on the checked time.
     back = read_incoming(first["headers"], "p.deliver", "", N)
@@ -141,7 +142,7 @@ def test_first_failure_time_survives_later_retries():
         exchange="e",
         routing_key="r",
         target_queue="q",
-        due_ms=0,
+        due_us=0,
         first_failure=back.first_failure,
     )
     assert second["headers"]["p-first-failure"].startswith("2026-01-01")
@@ -352,7 +353,7 @@ def test_retry_copy_carries_the_checked_first_failure_not_the_header_text():
         exchange="p.work",
         routing_key="rk",
         target_queue="p.q",
-        due_ms=0,
+        due_us=0,
         first_failure=None,
     )
     assert props["headers"]["p-first-failure"] == "2025-01-02T00:00:00.000+00:00"

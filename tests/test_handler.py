@@ -125,6 +125,7 @@ def test_a_failure_is_routed_through_the_delay_levels_with_its_due_time(receiver
     assert action.routing_key == ".".join(["0"] * 19 + ["1", "0", "1", "0"])
     headers = action.properties["headers"]
     assert headers["p-attempt"] == 2 and headers["p-due"] == NOW_MS + 1000
+    assert headers["p-due-us"] == (NOW_MS + 1000) * 1000
     assert headers["p-target"] == "p.shop.consumers.invoice"
     assert headers["p-error-type"] == "ValueError" and headers["p-error"] == "warehouse down"
     assert headers["p-original-routing-key"] == "shop.order.paid"

@@ -21,7 +21,7 @@ from django.conf import settings
 from ..conf import app_settings
 from ..core.backoff import Policy
 from ..core.deadletter import dead_letter_park, last_death
-from ..core.delays import DelayLevels, landing_wait, ms_at_or_after, route
+from ..core.delays import DelayLevels, epoch_us, landing_wait, route
 from ..core.envelope import Envelope, read_incoming, retry_properties
 from ..core.failure import (
     Failure,
@@ -79,6 +79,7 @@ class Handler:
         self.levels = levels
         self.landing_ms = landing_ms
         self._due_header = names.header("due")
+        self._due_us_header = names.header("due-us")
         self.limits = limits
         self.policy_for = policy_for
         self.clock = clock
@@ -102,7 +103,7 @@ class Handler:
         if due is None:
             return 0.0
         most = self.landing_ms + self.levels.resolution_ms
-        return landing_wait(due, time.time() * 1000, most)
+        return landing_wait(due, time.time() * 1000, most, headers.get(self._due_us_header))
 
     def handle(self, d: Delivery) -> Action:
         headers = d.properties.get("headers") or {}
@@ -220,7 +221,7 @@ class Handler:
             self.levels,
             self.names,
             decision.delay,
-            ms_at_or_after(now),
+            epoch_us(now),
             landing_ms=self.landing_ms,
         )
         props = retry_properties(
@@ -231,7 +232,7 @@ class Handler:
             exchange=env.exchange,
             routing_key=env.routing_key,
             target_queue=d.queue,
-            due_ms=way.due_ms,
+            due_us=way.due_us,
             first_failure=env.first_failure,
         )
         log_line = (

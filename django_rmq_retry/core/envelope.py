@@ -363,7 +363,7 @@ def retry_properties(
     exchange: str,
     routing_key: str,
     target_queue: str,
-    due_ms: int,
+    due_us: int,
     first_failure: datetime | None = None,
 ) -> dict[str, Any]:
     """Properties of the copy published for the next attempt.
@@ -384,7 +384,8 @@ def retry_properties(
             h("error"): failure.error_message,
             h("original-exchange"): exchange,
             h("original-routing-key"): routing_key,
-            h("due"): due_ms,
+            h("due"): -(-due_us // 1000),  # ms rounded up: what every version reads
+            h("due-us"): due_us,  # the same to the µs (``core.delays.landing_wait``)
             names.target_header: target_queue,
         },
     )
@@ -405,7 +406,15 @@ def requeue_properties(
     reset = dict.fromkeys(
         [
             h(key)
-            for key in ("attempt", "due", "first-failure", "last-failure", "error-type", "error")
+            for key in (
+                "attempt",
+                "due",
+                "due-us",
+                "first-failure",
+                "last-failure",
+                "error-type",
+                "error",
+            )
         ]
     )
     return _copy(

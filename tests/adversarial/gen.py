@@ -39,6 +39,7 @@ RESERVED = (
     "error",
     "error-type",
     "due",
+    "due-us",
 )
 
 
