@@ -9,7 +9,6 @@ before its due time stays pending in the ``landing`` until then.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 
@@ -27,14 +26,13 @@ class Job:
     and callback machinery: nobody waits on a job, the worker hands it back once done.
     """
 
-    __slots__ = ("action", "delivery", "error", "not_before", "state")
+    __slots__ = ("action", "delivery", "error", "state")
 
     def __init__(self, delivery: Delivery) -> None:
         self.delivery = delivery
         self.state = PENDING
         self.action: Action | None = None
         self.error: BaseException | None = None
-        self.not_before = 0.0  # monotonic time before which no thread may start it
 
     def finish(self, action: Action | None, error: BaseException | None) -> None:
         self.action, self.error, self.state = action, error, DONE
@@ -74,8 +72,7 @@ class DaemonPool:
     def submit(self, job: Job) -> None:
         wait = self._hold(job.delivery) if self._hold is not None else 0.0
         if wait > 0:
-            job.not_before = time.monotonic() + wait
-            self._landing.hold(job, job.not_before)
+            self._landing.hold(job, wait)
         else:
             self._queue.put(job)
 
@@ -101,9 +98,6 @@ class DaemonPool:
             job = self._queue.get()
             if job is None:
                 return
-            early = job.not_before - time.monotonic()
-            if early > 0:  # handed over up to ``landing.LEAD`` early: this thread waits
-                time.sleep(early)
             with self._lock:
                 if job.state is not PENDING:
                     continue
