@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pika
 import pytest
@@ -18,8 +19,10 @@ from django.test import override_settings
 
 from django_rmq_retry import Retry, Topic
 from django_rmq_retry.checks import check_settings
-from django_rmq_retry.consumer.landing import Landing
+from django_rmq_retry.consumer import landing as landing_module
+from django_rmq_retry.consumer.landing import LEAD, Landing
 from django_rmq_retry.consumer.loop import Consumer
+from django_rmq_retry.consumer.pool import DaemonPool, Job
 from django_rmq_retry.consumer.spare import SPARE_LINGER_S, SpareWindows
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.registry import default_registry
@@ -27,7 +30,7 @@ from tests.conftest import wait_for
 
 
 # The landing on its own (no broker) ---------------------------------------------------------
-def test_held_jobs_leave_in_due_order_and_never_before_their_time():
+def test_held_jobs_leave_in_due_order_one_lead_before_their_time():
     out: list[tuple[str, float]] = []
     done = threading.Event()
 
@@ -38,23 +41,113 @@ def test_held_jobs_leave_in_due_order_and_never_before_their_time():
 
     landing: Landing[tuple[str, float]] = Landing(release, "test-landing")
     start = time.monotonic()
-    landing.hold(("late", start + 0.3), 0.3)
-    landing.hold(("early", start + 0.1), 0.1)
-    landing.hold(("middle", start + 0.2), 0.2)
+    landing.hold(("late", start + 0.3), start + 0.3)
+    landing.hold(("early", start + 0.1), start + 0.1)
+    landing.hold(("middle", start + 0.2), start + 0.2)
     assert done.wait(10)
     assert [name for name, _ in out] == ["early", "middle", "late"]
-    assert all(late_by >= 0 for _, late_by in out), out  # released at or after its time
+    # handed over no sooner than LEAD before its time (its taker waits out the rest)
+    assert all(late_by >= -LEAD for _, late_by in out), out
     assert len(landing) == 0
 
 
 def test_a_closed_landing_releases_nothing_more():
     out: list[str] = []
     landing: Landing[str] = Landing(out.append, "test-landing")
-    landing.hold("held", 0.2)
+    landing.hold("held", time.monotonic() + 0.2)
     landing.close()
-    landing.hold("after close", 0)
+    landing.hold("after close", time.monotonic())
     time.sleep(0.4)
     assert out == [] and len(landing) == 0
+
+
+def test_a_held_job_starts_at_its_time_not_when_the_landing_hands_it_over():
+    """The landing hands a job over LEAD early; the receiver thread waits out the rest.
+    Ten jobs due 0.1 ms apart (copies that failed together), and one due later alone."""
+    started: dict[int, float] = {}
+    finished = threading.Event()
+    due: dict[int, float] = {}
+
+    def run(d: int) -> Any:
+        started[d] = time.monotonic()
+        return None
+
+    def done(job: Job) -> None:
+        if len(started) == len(due):
+            finished.set()
+
+    base = time.monotonic() + 0.05
+    due.update({i: base + i * 0.0001 for i in range(10)})
+    due[10] = base + 0.2
+    pool = DaemonPool(1, "test-pool", run, done, hold=lambda d: due[d] - time.monotonic())
+    try:
+        for i in due:
+            pool.submit(Job(i))  # type: ignore[arg-type]
+        assert finished.wait(10)
+    finally:
+        pool.shutdown()
+    assert sorted(started, key=started.__getitem__) == list(due)  # in due order
+    assert all(started[i] >= due[i] for i in due), {i: started[i] - due[i] for i in due}
+
+
+def _pool_run(started: dict[str, float], slow: dict[str, float], count: int) -> Any:
+    """A pool's ``run`` and ``done`` that note when each job started; ``slow`` sleeps."""
+    finished = threading.Event()
+
+    def run(d: str) -> None:
+        started[d] = time.monotonic()
+        time.sleep(slow.get(d, 0.0))
+
+    def done(job: Job) -> None:
+        if len(started) == count:
+            finished.set()
+
+    return run, done, finished
+
+
+def test_a_thread_holding_a_copy_early_runs_fresh_work_at_once(monkeypatch):
+    """One thread holds a copy handed over early; a fresh delivery arrives: it runs at once,
+    and the copy still starts at its time. (The lead is stretched to 0.5 s so that a
+    thread that waited with the copy would show.)"""
+    monkeypatch.setattr(landing_module, "LEAD", 0.5)
+    started: dict[str, float] = {}
+    run, done, finished = _pool_run(started, {}, 2)
+    due = time.monotonic() + 1.0
+    pool = DaemonPool(1, "test-pool", run, done, hold=lambda d: due - time.monotonic())
+    try:
+        pool.submit(Job("copy"))  # type: ignore[arg-type]
+        time.sleep(0.75)  # handed over at 0.5 s: the copy is with the thread, waiting
+        pool._hold = None  # the next delivery is fresh: no wait
+        sent = time.monotonic()
+        pool.submit(Job("fresh"))  # type: ignore[arg-type]
+        assert finished.wait(10)
+    finally:
+        pool.shutdown()
+    assert started["fresh"] - sent < 0.15, started  # not 0.25 s later, after the copy
+    assert started["copy"] >= due
+
+
+def test_a_copy_held_early_goes_to_whichever_thread_is_free_at_its_time(monkeypatch):
+    """Thread X runs a blocker until 1.1 s; thread Y holds a copy due at 1.0 s, then takes a
+    fresh delivery that runs until 1.55 s: Y gives the copy back, and X starts it once free
+    (~1.1 s), not Y after its fresh one."""
+    monkeypatch.setattr(landing_module, "LEAD", 0.5)
+    started: dict[str, float] = {}
+    run, done, finished = _pool_run(started, {"blocker": 1.1, "fresh": 0.8}, 3)
+    t0 = time.monotonic()
+    due = t0 + 1.0
+    holds = {"blocker": 0.0, "copy": 1.0, "fresh": 0.0}
+    pool = DaemonPool(2, "test-pool", run, done, hold=lambda d: holds[d] and due - time.monotonic())
+    try:
+        pool.submit(Job("blocker"))  # type: ignore[arg-type]
+        pool.submit(Job("copy"))  # type: ignore[arg-type]
+        time.sleep(0.75)
+        pool.submit(Job("fresh"))  # type: ignore[arg-type]
+        assert finished.wait(10)
+    finally:
+        pool.shutdown()
+    assert started["copy"] >= due
+    assert started["copy"] - t0 < 1.45, {k: v - t0 for k, v in started.items()}
 
 
 @pytest.mark.parametrize("value", [-1, 10_001, 1.5, "50", None, True])

@@ -3,12 +3,16 @@
 Receivers never run on the connection's thread, so a slow receiver never starves
 heartbeats. A job moves pending → running → done, or pending → cancelled (a warm shutdown
 returns deliveries no receiver started to their queue untouched). A retry copy that arrived
-before its due time stays pending in the ``landing`` until then.
+before its due time stays pending in the ``landing`` until then, and in the last
+``landing.LEAD`` with a receiver thread that has nothing else to run (``_next``).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
+import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 
@@ -26,13 +30,14 @@ class Job:
     and callback machinery: nobody waits on a job, the worker hands it back once done.
     """
 
-    __slots__ = ("action", "delivery", "error", "state")
+    __slots__ = ("action", "delivery", "error", "not_before", "state")
 
     def __init__(self, delivery: Delivery) -> None:
         self.delivery = delivery
         self.state = PENDING
         self.action: Action | None = None
         self.error: BaseException | None = None
+        self.not_before = 0.0  # monotonic time before which no thread may start it
 
     def finish(self, action: Action | None, error: BaseException | None) -> None:
         self.action, self.error, self.state = action, error, DONE
@@ -67,12 +72,17 @@ class DaemonPool:
         self._lock = threading.Lock()  # job state changes: start vs cancel
         self._queue: SimpleQueue[Job | None] = SimpleQueue()
         self._landing: Landing[Job] = Landing(self._queue.put, f"{name}-landing")
+        self._order = itertools.count()
+        # With one thread no other could start a job this one holds early; with more, a
+        # thread that starts a job first gives back what it holds (``_next``).
+        self._alone = max(1, workers) == 1
         self._threads = [start_daemon(self._loop, f"{name}_{i}") for i in range(max(1, workers))]
 
     def submit(self, job: Job) -> None:
         wait = self._hold(job.delivery) if self._hold is not None else 0.0
         if wait > 0:
-            self._landing.hold(job, wait)
+            job.not_before = time.monotonic() + wait
+            self._landing.hold(job, job.not_before)
         else:
             self._queue.put(job)
 
@@ -93,9 +103,44 @@ class DaemonPool:
                 return True
             return False
 
-    def _loop(self) -> None:
+    def _next(self, early: list[tuple[float, int, Job]]) -> Job | None:
+        """The next job this thread may start now (``None``: time to exit).
+
+        Jobs the landing handed over before their time wait in ``early`` while this thread
+        has nothing else to run; the earliest starts at its time. A job that may start now
+        sends them back to the landing, to be handed over at their time exactly (by then
+        another thread may be free, or this one done): a copy never waits for a receiver,
+        and a thread never idles while work waits.
+        """
         while True:
-            job = self._queue.get()
+            if early:
+                wait = early[0][0] - time.monotonic()
+                if wait <= 0:
+                    job = heapq.heappop(early)[2]
+                    if not self._alone:
+                        self._give_back(early)
+                    return job
+                try:
+                    got = self._queue.get(timeout=wait)
+                except Empty:
+                    continue
+            else:
+                got = self._queue.get()
+            if got is not None and got.not_before > time.monotonic():
+                heapq.heappush(early, (got.not_before, next(self._order), got))
+                continue
+            self._give_back(early)
+            return got
+
+    def _give_back(self, early: list[tuple[float, int, Job]]) -> None:
+        for at, _n, job in early:
+            self._landing.hold(job, at, lead=0)
+        early.clear()
+
+    def _loop(self) -> None:
+        early: list[tuple[float, int, Job]] = []
+        while True:
+            job = self._next(early)
             if job is None:
                 return
             with self._lock:
