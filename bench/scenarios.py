@@ -463,7 +463,7 @@ def delay(run: Run) -> list[Row]:
     from django_rmq_retry.conf import app_settings
 
     note = (
-        f"{len(late)} msgs, delays {'/'.join(f'{d}s' for d in delays)}; min {late[0]:.0f} ms; "
+        f"{len(late)} msgs, delays {'/'.join(f'{d}s' for d in delays)}; min {late[0]:.2f} ms; "
         f"DELAY_LANDING_MS {app_settings.DELAY_LANDING_MS}"
     )
     per_delay = ", ".join(f"{d}s max {w:.0f}" for d, w in worst.items())

@@ -99,6 +99,9 @@ def bench_delay(message, **kwargs):
     now_ms = time.time() * 1000
     prefix = os.environ.get("RMQ_PREFIX", "rmq_bench")
     due = message.headers.get(f"{prefix}-due")
+    due_us = message.headers.get(f"{prefix}-due-us")
+    if isinstance(due_us, int):  # the due time to the µs (the ms header is rounded up)
+        due = due_us / 1000
     path = os.environ.get("BENCH_DELAY_FILE")
     if path:
         line = json.dumps(
