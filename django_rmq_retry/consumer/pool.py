@@ -126,7 +126,7 @@ class DaemonPool:
                     continue
             else:
                 got = self._queue.get()
-            if got is not None and got.not_before > time.monotonic():
+            if got is not None and got.not_before and got.not_before > time.monotonic():
                 heapq.heappush(early, (got.not_before, next(self._order), got))
                 continue
             self._give_back(early)

@@ -94,7 +94,7 @@ class RetryRoute:
     def due_ms(self) -> int:
         """The due time in whole ms rounded *up* (the header every version reads): never
         before the failure plus the delay, by the clock of the receiver that failed."""
-        return -(-self.due_us // 1000)
+        return ms_rounded_up(self.due_us)
 
 
 def route(
@@ -125,6 +125,11 @@ def route(
     )
 
 
+def ms_rounded_up(micros: int) -> int:
+    """Whole milliseconds at or after ``micros``: a due header in ms is never early."""
+    return -(-micros // 1000)
+
+
 def epoch_us(moment: datetime) -> int:
     """Whole microseconds from the epoch to ``moment``: exact, no float."""
     return (moment - _EPOCH) // timedelta(microseconds=1)
@@ -146,7 +151,7 @@ def landing_wait(due: object, now_ms: float, most_ms: int, due_us: object = None
     if not _an_int(due):
         return 0.0
     at = float(due)
-    if _an_int(due_us) and -(-due_us // 1000) == due:
+    if _an_int(due_us) and ms_rounded_up(due_us) == due:
         at = due_us / 1000
     if at <= now_ms:
         return 0.0

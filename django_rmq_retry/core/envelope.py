@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any
 
+from .delays import ms_rounded_up
 from .failure import Failure
 from .names import Names
 
@@ -384,7 +385,7 @@ def retry_properties(
             h("error"): failure.error_message,
             h("original-exchange"): exchange,
             h("original-routing-key"): routing_key,
-            h("due"): -(-due_us // 1000),  # ms rounded up: what every version reads
+            h("due"): ms_rounded_up(due_us),  # what every version reads
             h("due-us"): due_us,  # the same to the µs (``core.delays.landing_wait``)
             names.target_header: target_queue,
         },
