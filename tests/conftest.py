@@ -177,7 +177,12 @@ class Rmq:
         return rec.queue_name(self.prefix)
 
     def depth(self, queue: str) -> int:
-        return self.ch().queue_declare(queue, passive=True).method.message_count
+        try:
+            return self.ch().queue_declare(queue, passive=True).method.message_count
+        except (pika.exceptions.StreamLostError, pika.exceptions.ConnectionClosed):
+            # This connection did not live through a broker restart (fault tests): once more
+            # on a new one.
+            return self.ch().queue_declare(queue, passive=True).method.message_count
 
     def get_all(self, queue: str) -> list[tuple[Any, Any, bytes]]:
         out = []
