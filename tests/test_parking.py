@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import threading
 import time
@@ -611,3 +612,82 @@ def test_a_mark_that_waited_for_the_copy_s_parking_leaves_the_row_parked():
     t.join()
     row.refresh_from_db()
     assert (row.status, row.requeue_count, row.park_count) == ("parked", 1, 2)
+
+
+# A flood of parks widens the window ----------------------------------------------------------
+class _WritesHeld:
+    """Another connection holding the parked table's writes (SQLite: its write lock;
+    PostgreSQL: a table lock), as a long transaction or a migration would."""
+
+    def __enter__(self) -> _WritesHeld:
+        if connection.vendor == "sqlite":
+            import sqlite3
+
+            self._conn = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+            self._conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg
+
+            s = connection.settings_dict
+            self._conn = psycopg.connect(
+                dbname=s["NAME"], user=s["USER"], host=s["HOST"], port=s["PORT"] or 5432
+            )
+            self._conn.execute(f"LOCK TABLE {ParkedMessage._meta.db_table} IN EXCLUSIVE MODE")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.rollback()
+        self._conn.close()
+
+
+@pytest.mark.broker
+def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
+    rmq, monkeypatch, tmp_path
+):
+    """Prefetch 2, 30 messages rejected (parked at once) while another connection holds the
+    table's writes: the two in the window wait for their commit, so the consumer opens a
+    spare consumer (prefetch 8) and takes ten; once the writes go through, every message is
+    parked exactly once, the receiver ran once for each, and the spare leaves. Without the
+    spare a flood parks one window per commit (bench/README, "Parking is bound per batch")."""
+    from django_rmq_retry.consumer import Consumer
+    from django_rmq_retry.consumer.spare import SPARE_FACTOR, SPARE_LINGER_S
+    from django_rmq_retry.registry import default_registry
+
+    log = tmp_path / "runs.jsonl"
+    monkeypatch.setenv("RMQ_TEST_LOG", str(log))
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    alpha = default_registry.find("alpha", rmq.names.prefix)
+    assert alpha is not None
+    queue = alpha.queue_name(rmq.names.prefix)
+    for i in range(30):
+        work.send({"id": i, "reject": True, "only": ["alpha"]})
+    assert wait_for(lambda: rmq.depth(queue) == 30, 10)
+    window = 2 * (1 + SPARE_FACTOR)
+    consumer = Consumer([alpha], consume_orphans=False, prefetch=2)
+    thread = threading.Thread(target=consumer.run)
+    with _WritesHeld():
+        thread.start()
+        try:
+            assert wait_for(lambda: consumer._parking[queue] == window, 20), consumer._parking
+            consumers = rmq.ch().queue_declare(queue, passive=True).method.consumer_count
+            assert consumers == 2 and rmq.depth(queue) == 30 - window
+            time.sleep(0.5)  # nothing more taken while the rows wait: the window is full
+            assert consumer._parking[queue] == window
+        except BaseException:
+            consumer.request_stop()
+            raise
+    try:
+        assert wait_for(lambda: ParkedMessage.objects.count() == 30, 60)
+        gone = lambda: rmq.ch().queue_declare(queue, passive=True).method.consumer_count == 1  # noqa: E731
+        assert wait_for(gone, SPARE_LINGER_S + 10)
+        assert not consumer._spares.tags and not consumer._parking
+    finally:
+        consumer.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert consumer.stats.parked == 30
+    ids = sorted(json.loads(bytes(row.body))["id"] for row in ParkedMessage.objects.all())
+    assert ids == list(range(30))
+    starts = Counter(e["id"] for e in read_log(log) if e["event"] == "start")
+    assert starts == Counter(range(30))  # each receiver ran once: nothing given back and run again
+    assert rmq.depth(queue) == 0

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
@@ -129,7 +130,11 @@ class Consumer:
             is_current=lambda d: d.generation == self._generation,
             stop=self._stop,
         )
-        #: Spare consumers widening a queue's window while retry copies wait in the landing.
+        #: Deliveries of this connection waiting for their parked row's commit, per queue.
+        self._parking: Counter[str] = Counter()
+        self._parking_lock = threading.Lock()
+        #: Spare consumers widening a queue's window while deliveries no receiver needs fill
+        #: it: retry copies held in the landing, rows waiting for their commit.
         self._spares = SpareWindows(self.prefetch)
         self._winding_down = False
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
@@ -184,6 +189,8 @@ class Consumer:
         self._generation += 1
         self._unsettled = set()  # delivery tags start over on a new channel
         self._spares.reset()
+        with self._parking_lock:
+            self._parking.clear()  # the old connection's rows are no longer counted
         with self._wake_lock:
             self._wake_pending = False  # a wake-up scheduled on the old connection is gone
         name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
@@ -303,7 +310,9 @@ class Consumer:
             )
         if self._cancelled:
             self._resume_cancelled()
-        if self._spares.worth_deciding(self._pool.held):
+        with self._parking_lock:
+            parking = self._parking.total()
+        if self._spares.worth_deciding(self._pool.held + parking):
             self._adjust_spares()
 
     def _adjust_spares(self) -> None:
@@ -312,14 +321,17 @@ class Consumer:
         if self._stop.is_set() or self._winding_down:
             return
         now = time.monotonic()
-        moves = self._spares.decide(self._pool.held_by_queue(), now)
+        with self._parking_lock:
+            waiting = self._parking + Counter(self._pool.held_by_queue())
+        moves = self._spares.decide(waiting, now)
         for tag in moves.cancel:
             queue = self._spares.forget(tag)
             logger.debug("cancelling the spare consumer of %s: nothing held there", queue)
             self._channel.cancel(tag)
         for queue in moves.start:
             logger.debug(
-                "retry copies held fill the window of %s: a spare consumer (prefetch %d)",
+                "deliveries no receiver needs (retry copies held, rows being parked) fill "
+                "the window of %s: a spare consumer (prefetch %d)",
                 queue,
                 self._spares.spare_prefetch,
             )
@@ -488,11 +500,21 @@ class Consumer:
 
     def _submit_park(self, delivery: Delivery, action: StorePark) -> None:
         """Any thread: the parking thread commits the row. The delivery stays in flight and
-        unsettled until it reports the commit (:meth:`_park_done`)."""
+        unsettled until it reports the commit (:meth:`_park_done`). Counted meanwhile: a
+        flood of parks fills the window with rows waiting for a commit, and batches as
+        large as the window allows (``spare.py``)."""
+        with self._parking_lock:
+            if delivery.generation == self._generation:
+                self._parking[delivery.queue] += 1
         self._parker.submit(ParkJob(delivery, action.request, action.start_key, action.log_line))
 
     def _park_done(self, delivery: Delivery, stored: bool) -> None:
         """Parking thread: the row is committed (ack) or could not be (give it back)."""
+        with self._parking_lock:
+            if delivery.generation == self._generation and self._parking[delivery.queue] > 0:
+                self._parking[delivery.queue] -= 1
+                if not self._parking[delivery.queue]:
+                    del self._parking[delivery.queue]
         job = Job(delivery)
         job.finish(Ack("parked") if stored else Release(cause="its row could not be parked"), None)
         self._hand_back(job)
