@@ -28,6 +28,10 @@ ERL_QUIET_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
+# advanced.config for a node whose at-least-once dead-letter worker waits $1 ms (not 180 s)
+# for a confirm lost in a node stop or restart before it publishes again.
+dlx_confirm_config() { echo "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, $1}]}]."; }
+
 need_root() {
   [ "$(id -u)" = 0 ] || command -v sudo >/dev/null \
     || die "$1 needs root (or sudo): it mounts /proc, /sys and /dev into a chroot"
@@ -103,8 +107,7 @@ r4_up() {
     return 0
   fi
   say "starting RabbitMQ $(r4_version) as $R4_NODE (AMQP $R4_PORT, distribution $R4_DIST)"
-  echo "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, $dlx_ms}]}]." \
-    | as_root tee "$R4_ROOT/etc/rabbitmq/advanced.config" >/dev/null
+  dlx_confirm_config "$dlx_ms" | as_root tee "$R4_ROOT/etc/rabbitmq/advanced.config" >/dev/null
   r4 RABBITMQ_NODENAME="$R4_NODE" RABBITMQ_NODE_PORT="$R4_PORT" RABBITMQ_DIST_PORT="$R4_DIST" \
     RABBITMQ_ADVANCED_CONFIG_FILE=/etc/rabbitmq/advanced.config \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$ERL_QUIET_ARGS" rabbitmq-server -detached
@@ -184,8 +187,7 @@ c_write_config() {
   printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$(c_port "$n")" | as_root tee "$d/rabbitmq.conf" >/dev/null
   # 3.10's at-least-once dead-letter worker waits 180 s for a confirm that a stopped node
   # will never send before it publishes again; 10 s keeps a node stop from stalling parking.
-  echo "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, ${RMQ_CLUSTER_DLX_CONFIRM_MS:-10000}}]}]." \
-    | as_root tee "$d/advanced.config" >/dev/null
+  dlx_confirm_config "${RMQ_CLUSTER_DLX_CONFIRM_MS:-10000}" | as_root tee "$d/advanced.config" >/dev/null
   echo '[].' | as_root tee "$d/enabled_plugins" >/dev/null
   as_root chown -R rabbitmq:rabbitmq "$C_DIR"
 }

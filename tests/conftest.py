@@ -184,6 +184,10 @@ class Rmq:
             # on a new one.
             return self.ch().queue_declare(queue, passive=True).method.message_count
 
+    def consumers(self, queue: str) -> int:
+        """Consumers the broker counts on ``queue`` (a spare consumer is one more)."""
+        return self.ch().queue_declare(queue, passive=True).method.consumer_count
+
     def get_all(self, queue: str) -> list[tuple[Any, Any, bytes]]:
         out = []
         while True:

@@ -308,10 +308,6 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
     assert ParkedMessage.objects.count() == 0
 
 
-def _consumers(rmq, queue: str) -> int:
-    return rmq.ch().queue_declare(queue, passive=True).method.consumer_count
-
-
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("stop_while_held", [False, True], ids=["run", "warm-stop"])
@@ -338,10 +334,10 @@ def test_copies_held_past_one_window_widen_it_with_a_spare_consumer(
         try:
             # Without the spare, two held copies fill the window and the rest wait queued.
             assert wait_for(lambda: consumer._pool.held == 10, timeout=20), consumer._pool.held
-            assert _consumers(rmq, queue) == 2
+            assert rmq.consumers(queue) == 2
             if not stop_while_held:
                 assert wait_for(lambda: len(runs) == 20, timeout=20), len(runs)
-                assert wait_for(lambda: _consumers(rmq, queue) == 1, timeout=10)
+                assert wait_for(lambda: rmq.consumers(queue) == 1, timeout=10)
                 assert not consumer._spares.tags
         finally:
             consumer.request_stop()

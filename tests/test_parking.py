@@ -669,8 +669,7 @@ def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
         thread.start()
         try:
             assert wait_for(lambda: consumer._parking[queue] == window, 20), consumer._parking
-            consumers = rmq.ch().queue_declare(queue, passive=True).method.consumer_count
-            assert consumers == 2 and rmq.depth(queue) == 30 - window
+            assert rmq.consumers(queue) == 2 and rmq.depth(queue) == 30 - window
             time.sleep(0.5)  # nothing more taken while the rows wait: the window is full
             assert consumer._parking[queue] == window
         except BaseException:
@@ -678,8 +677,7 @@ def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
             raise
     try:
         assert wait_for(lambda: ParkedMessage.objects.count() == 30, 60)
-        gone = lambda: rmq.ch().queue_declare(queue, passive=True).method.consumer_count == 1  # noqa: E731
-        assert wait_for(gone, SPARE_LINGER_S + 10)
+        assert wait_for(lambda: rmq.consumers(queue) == 1, SPARE_LINGER_S + 10)
         assert not consumer._spares.tags and not consumer._parking
     finally:
         consumer.request_stop()

@@ -326,7 +326,7 @@ class Consumer:
         moves = self._spares.decide(waiting, now)
         for tag in moves.cancel:
             queue = self._spares.forget(tag)
-            logger.debug("cancelling the spare consumer of %s: nothing held there", queue)
+            logger.debug("cancelling the spare consumer of %s: nothing waits there", queue)
             self._channel.cancel(tag)
         for queue in moves.start:
             logger.debug(
