@@ -75,3 +75,24 @@ class Names:
     @cached_property
     def target_header(self) -> str:
         return self.header("target")
+
+
+#: Every header we own, by the part after ``<prefix>-``, with what it carries. The reference
+#: documentation and the AsyncAPI document are written from this table, and a test fails when
+#: the code names a header that is missing here.
+OUR_HEADERS: dict[str, str] = {
+    "attempt": "Attempt number of this delivery (absent: 1). Counted by us, never from x-death.",
+    "first-failure": "ISO 8601 UTC time of the first failure.",
+    "last-failure": "ISO 8601 UTC time of the latest failure.",
+    "error-type": "Class of the latest exception (one line).",
+    "error": "Message of the latest exception, one line, truncated to ERROR_HEADER_MAX.",
+    "original-exchange": "The exchange the message was first published to.",
+    "original-routing-key": "The routing key it was first published with.",
+    "original-expiration": "The sender's expiration property, kept aside: a TTL would cut a delay short.",
+    "original-user-id": "The sender's user_id property, kept aside: the broker checks it against the login.",
+    "target": "The receiver queue a retry or requeue copy is addressed to (deliver exchange).",
+    "due": "When a retry is due: epoch milliseconds, rounded up.",
+    "due-us": "When a retry is due: epoch microseconds (the landing waits for it).",
+    "requeued": "How many times an operator requeued this message.",
+    "parked-id": "The parked row a requeue copy came from.",
+}
