@@ -20,8 +20,8 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from django_rmq_retry import admin as admin_module
 from django_rmq_retry.admin import ParkedMessageAdmin
+from django_rmq_retry.admin import operations as admin_module
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus, RetryPolicy
 from django_rmq_retry.preview import body_preview, hex_dump
 from tests.testapp.events import work

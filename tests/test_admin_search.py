@@ -17,8 +17,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_rmq_retry import admin as admin_module
 from django_rmq_retry.admin import CappedPaginator, ParkedMessageAdmin
+from django_rmq_retry.admin import changelist as admin_module
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.parking import WordsMatch, newest
 from tests.test_admin import changelist_url, make_row, operator

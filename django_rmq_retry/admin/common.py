@@ -1,0 +1,50 @@
+"""Small helpers every page of the parked-messages admin shares."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import connections, transaction
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+logger = logging.getLogger("django_rmq_retry.admin")
+
+_View = TypeVar("_View", bound=Callable[..., Any])
+
+
+def _outside_request_transactions(view: _View) -> _View:
+    """``transaction.non_atomic_requests`` for every configured database."""
+    for alias in connections:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
+
+
+#: Query-string keys of the changelist that are not filters.
+_NOT_FILTERS = frozenset({"p", "o", "e", "_changelist_filters", "_to_field", "_popup"})
+
+
+def _pretty(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _filter_description(request: HttpRequest) -> str:
+    parts = [
+        f"{key}={','.join(values)}"
+        for key, values in sorted(request.GET.lists())
+        if key not in _NOT_FILTERS
+    ]
+    return "; ".join(parts) if parts else "none"
+
+
+def _breakable(dotted: str) -> SafeString:
+    """A dotted path the browser may wrap after each dot (each part escaped)."""
+    parts = dotted.split(".")
+    return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))

@@ -1,0 +1,220 @@
+"""Operator actions on parked messages: requeue, republish to the topic, discard."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.text import Truncator
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from .. import parking
+from ..core.errors import RmqRetryError
+from ..models import ParkedMessage, ParkedStatus
+from ..registry import default_registry
+from .changelist import COUNT_CAP, _capped_count
+from .common import _filter_description, logger
+
+
+class OperationsMixin(admin.ModelAdmin):
+    """The actions; each calls a :mod:`django_rmq_retry.parking` service."""
+
+    #: Seconds a requeue action may take, the page's answer included: the run stops at a
+    #: batch boundary and reports what is left (running it again continues; nothing is
+    #: requeued twice). None: no limit. Keep it under your server's request timeout
+    #: (gunicorn's default is 30 s).
+    requeue_time_budget: float | None = 20.0
+    #: Seconds of that budget kept for what follows the run's deadline: the batches in
+    #: flight confirmed and marked, the claims released, the capped count of what is left.
+    #: At 1,000,000 rows (``bench/scale.py --bulk``, 2026-11-25) the run ended 2.3 s past its
+    #: deadline and an uncapped count took 2.8 s: a 20-second budget made a 25-second click.
+    requeue_end_reserve: float = 5.0
+
+    # Actions --------------------------------------------------------------------------------
+    @admin.action(
+        description=_("Requeue selected (back to the receiver that failed)"),
+        permissions=["requeue"],
+    )
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:
+        self._requeue(request, queryset, parking.MODE_RECEIVER)
+
+    @admin.action(
+        description=_("Republish selected to ALL receivers of the topic…"),
+        permissions=["requeue"],
+    )
+    def republish_to_topic(
+        self, request: HttpRequest, queryset: QuerySet[ParkedMessage]
+    ) -> TemplateResponse | None:
+        if request.POST.get("confirm") == "yes":
+            self._requeue(request, queryset, parking.MODE_TOPIC)
+            return None
+        parked = queryset.filter(status=ParkedStatus.PARKED)
+        routes = []
+        for row in parked.values("routing_key").annotate(count=Count("id")).order_by("-count")[:50]:
+            receivers = [
+                r.name for r in default_registry.all() if row["routing_key"] in r.routing_keys
+            ]
+            routes.append({**row, "receivers": receivers})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Republish to ALL receivers of the topic?"),
+            "count": parked.count(),
+            "routes": routes,
+            "action": "republish_to_topic",
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "filters": _filter_description(request),
+        }
+        return TemplateResponse(request, "django_rmq_retry/admin/republish_confirm.html", context)
+
+    @admin.action(description=_("Discard selected"), permissions=["discard"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:
+        count = parking.discard(queryset, user=request.user.get_username())
+        self.message_user(
+            request,
+            ngettext(
+                "Discarded %(count)d parked message.",
+                "Discarded %(count)d parked messages.",
+                count,
+            )
+            % {"count": count},
+            messages.SUCCESS if count else messages.WARNING,
+        )
+        self._log(request, queryset, f"Discarded {count} parked message(s).")
+
+    def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
+        budget = self.requeue_time_budget
+        deadline = (
+            None
+            if budget is None
+            else time.monotonic() + max(0.0, budget - self.requeue_end_reserve)
+        )
+        broker_error: str | None = None
+        try:
+            result = parking.requeue(
+                queryset, user=request.user.get_username(), mode=mode, deadline=deadline
+            )
+        except RmqRetryError as exc:
+            # The broker went away: confirmed rows are marked, the rest were released.
+            logger.exception("requeue from the admin stopped")
+            result = getattr(exc, "result", None) or parking.RequeueResult()
+            broker_error = str(exc)
+        # What is left, counted as the list counts: an uncapped count after a large requeue
+        # walks the rows it just updated (2.8 s at 1,000,000 rows).
+        remaining = (
+            _capped_count(queryset.filter(status=ParkedStatus.PARKED), COUNT_CAP)
+            if result.stopped
+            else 0
+        )
+        report = _RequeueReport(result, mode == parking.MODE_TOPIC, broker_error, remaining, budget)
+        for level, text in report.messages():
+            self.message_user(request, text, level)
+        self._log(request, queryset, report.summary())
+
+    def _log(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], text: str) -> None:
+        """One admin-history entry per operator action: who, how many, which selection."""
+        across = request.POST.get("select_across") == "1"
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if across:
+            selection = "all rows matching the filter"
+        else:
+            shown = ", ".join(selected[:20]) + (" …" if len(selected) > 20 else "")
+            selection = f"{len(selected)} selected (ids {shown})"
+        message = f"{text} Selection: {selection}. Filter: {_filter_description(request)}."
+        single = selected[0] if len(selected) == 1 and not across else None
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(ParkedMessage).pk,
+            object_id=single,
+            object_repr=Truncator(text).chars(200),
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+
+@dataclass(frozen=True)
+class _RequeueReport:
+    """What an operator is told after a requeue action, and what the admin log keeps."""
+
+    result: parking.RequeueResult
+    topic: bool  # republished to every receiver of the topic
+    broker_error: str | None
+    remaining: int  # matching rows still parked when the time budget stopped the run
+    budget: float | None
+
+    @property
+    def stopped(self) -> bool:
+        return self.result.stopped and self.remaining > 0
+
+    def messages(self) -> list[tuple[int, str]]:
+        result, n = self.result, self.result.requeued
+        out: list[tuple[int, str]] = []
+        if n or not (result.failed or self.broker_error):
+            if not n and not result.stopped:
+                text = gettext("Nothing was requeued: none of the selected messages is parked.")
+            elif self.topic:
+                text = ngettext(
+                    "Republished %(count)d message to ALL receivers of its topic.",
+                    "Republished %(count)d messages to ALL receivers of their topics.",
+                    n,
+                ) % {"count": n}
+            else:
+                text = ngettext(
+                    "Requeued %(count)d message to the receiver it failed in.",
+                    "Requeued %(count)d messages to the receivers they failed in.",
+                    n,
+                ) % {"count": n}
+            out.append((messages.SUCCESS if n else messages.WARNING, text))
+        if result.failed:
+            text = ngettext(
+                "%(count)d message could not be published and stays parked: %(errors)s",
+                "%(count)d messages could not be published and stay parked: %(errors)s",
+                result.failed,
+            ) % {"count": result.failed, "errors": "; ".join(result.errors[:3])}
+            out.append((messages.ERROR, text))
+        if self.broker_error:
+            text = _(
+                "Requeue stopped, the broker is unavailable: %(error)s. Messages not "
+                "published stay parked; run the action again once the broker is back."
+            ) % {"error": self.broker_error}
+            out.append((messages.ERROR, text))
+        if result.skipped:
+            text = ngettext(
+                "%(count)d message was skipped: another requeue is handling it.",
+                "%(count)d messages were skipped: another requeue is handling them.",
+                result.skipped,
+            ) % {"count": result.skipped}
+            out.append((messages.WARNING, text))
+        if self.stopped:
+            text = ngettext(
+                "Stopped after %(seconds)d s to keep this page responsive; %(count)s "
+                "matching message is still parked. Run the action again to continue "
+                "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                "Stopped after %(seconds)d s to keep this page responsive; %(count)s "
+                "matching messages are still parked. Run the action again to continue "
+                "(nothing is requeued twice), or use manage.py rmq_requeue.",
+                self.remaining,
+            ) % {"seconds": int(self.budget or 0), "count": self.remaining}
+            out.append((messages.WARNING, text))
+        return out
+
+    def summary(self) -> str:
+        result = self.result
+        verb = "Republished to ALL receivers of the topic" if self.topic else "Requeued"
+        text = (
+            f"{verb}: {result.requeued} requeued, {result.failed} failed, {result.skipped} skipped"
+        )
+        if self.stopped:
+            text += f", stopped by the time budget with {self.remaining} left"
+        if self.broker_error:
+            text += f", stopped: {self.broker_error}"
+        return text + "."
