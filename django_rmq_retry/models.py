@@ -102,7 +102,7 @@ class ParkedMessage(models.Model):
             models.Index(fields=["parked_at"], name="rmqr_parked_at"),
             models.Index(fields=["message_id"], name="rmqr_parked_msgid"),
             models.Index(fields=["correlation_id"], name="rmqr_parked_corr"),
-            # And on PostgreSQL only (migration 0005, not declared here): the full-text index
+            # And on PostgreSQL only (migration 0001, not declared here): the full-text index
             # rmqr_parked_error_words on to_tsvector('simple', error_message).
         ]
         constraints = [
@@ -142,7 +142,7 @@ class ParkedGroupCount(models.Model):
     """How many parked-message rows each (receiver, failure group, error type, status) holds.
 
     Kept by the database itself, not computed: triggers on the parked-message table
-    (migration 0006; PostgreSQL once per statement, SQLite once per row) add and subtract as
+    (migration 0001; PostgreSQL once per statement, SQLite once per row) add and subtract as
     rows are parked, requeued, discarded and purged, inside the transaction that changed
     them, so the counts are right under any concurrency and whatever wrote the rows.
     ``manage.py rmq_recount_parked`` recomputes them. The failure-groups page reads these
@@ -270,8 +270,8 @@ class OutboxMessage(models.Model):
     body = models.BinaryField(_("body"))
     properties = models.JSONField(_("AMQP properties"), default=dict, blank=True)
     #: The same properties AMQP-encoded by the sender (``broker.wire``): the relay publishes
-    #: these bytes as they are. Empty on rows written before migration 0009 (and for a
-    #: message id the ``message_id`` column cannot hold exactly): the relay encodes the JSON.
+    #: these bytes as they are. Empty for a message id the ``message_id`` column cannot hold
+    #: exactly: the relay encodes the JSON then.
     wire_properties = models.BinaryField(_("encoded properties"), null=True)
     created_at = models.DateTimeField(_("created"))
     status = models.CharField(

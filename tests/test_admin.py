@@ -716,7 +716,7 @@ def test_park_key_has_one_index(db):
     on_key = sorted(name for name, c in constraints.items() if c["columns"] == ["park_key"])
     assert on_key == ["rmqr_parked_park_key"]
     if connection.vendor == "postgresql":
-        assert "rmqr_parked_error_words" in constraints  # the full-text index (migration 0005)
+        assert "rmqr_parked_error_words" in constraints  # the full-text index (migration 0001)
     make_row(park_key="k1")
     from django.db import IntegrityError, transaction
 

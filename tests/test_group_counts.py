@@ -146,3 +146,28 @@ def test_concurrent_parking_requeue_and_discard_keep_counts_exact():
     assert not errors, errors
     assert ParkedMessage.objects.count() == 400
     assert kept() == computed()
+
+
+def _trigger_definitions() -> dict[str, str]:
+    """The count-keeping triggers as the database holds them, whitespace folded."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT t.tgname, pg_get_triggerdef(t.oid) || ' ' || pg_get_functiondef(t.tgfoid) "
+                "FROM pg_trigger t WHERE t.tgname LIKE 'rmqr_groups_%%'"
+            )
+        else:
+            cursor.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
+                "AND name LIKE 'rmqr_groups_%%'"
+            )
+        return {name: " ".join(sql.replace("(", " ( ").split()) for name, sql in cursor}
+
+
+def test_the_migrations_triggers_are_the_ones_recount_installs():
+    """The frozen migration writes its trigger SQL out (it imports nothing of the package);
+    ``rmq_recount_parked`` reinstalls them from ``group_counts``: the two must not drift."""
+    migrated = _trigger_definitions()
+    assert len(migrated) == 3
+    group_counts.recount()
+    assert _trigger_definitions() == migrated

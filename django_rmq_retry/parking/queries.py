@@ -3,7 +3,7 @@
 * :func:`distinct_values`: a column's values read from its index, one probe per value (a
   "loose index scan" as one recursive query), instead of ``SELECT DISTINCT`` over the table.
 * :class:`WordsMatch`: whole words of a text column; on PostgreSQL through the full-text
-  index of migration 0005 (``to_tsvector('simple', error_message)``), elsewhere a ``LIKE``
+  index of migration 0001 (``to_tsvector('simple', error_message)``), elsewhere a ``LIKE``
   per word (a scan: the clear limit of other databases).
 """
 
