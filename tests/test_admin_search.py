@@ -130,7 +130,7 @@ def test_a_search_with_filters_and_another_order_pages_as_the_plain_query(
     client.force_login(operator())
     response = client.get(changelist_url(q="declined"))
     columns = list(response.context["cl"].list_display)
-    at, pk = columns.index("parked_at"), columns.index("id")
+    at, pk = columns.index("parked_at_display"), columns.index("id")
     queries = [
         {"q": "declined", "status__exact": "parked"},  # 23 rows
         {"q": "declined payment", "status__exact": "parked", "p": "3"},

@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import ParkedMessage
 from ..parking import WordsMatch, distinct_values
 from ..parking.newest import newest_first_ids
-from .common import _breakable, _outside_request_transactions
+from .common import _breakable, _error_type_label, _outside_request_transactions, _when
 
 # --------------------------------------------------------------------------------------------
 # Parked messages: pages that do not grow with the table (#16)
@@ -162,7 +162,11 @@ class ChangelistMixin(admin.ModelAdmin):
 
     @admin.display(description=_("error type"), ordering="error_type")
     def error_type_display(self, obj: ParkedMessage) -> SafeString:
-        return _breakable(obj.error_type)
+        return _error_type_label(obj.error_type)
+
+    @admin.display(description=_("parked at"), ordering="parked_at")
+    def parked_at_display(self, obj: ParkedMessage) -> str:
+        return _when(obj.parked_at)
 
     @admin.display(description=_("error"))
     def error_short(self, obj: ParkedMessage) -> str:

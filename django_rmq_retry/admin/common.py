@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import connections, transaction
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.utils import dateformat, timezone
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 logger = logging.getLogger("django_rmq_retry.admin")
@@ -48,3 +50,27 @@ def _breakable(dotted: str) -> SafeString:
     """A dotted path the browser may wrap after each dot (each part escaped)."""
     parts = dotted.split(".")
     return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))
+
+
+#: Our own exceptions (``Reject``, ``Retry``...) are shown by their class name: the dotted
+#: path of a library class says nothing to an operator that the name does not.
+_OWN_PREFIX = "django_rmq_retry."
+
+
+def _error_type_label(dotted: str) -> SafeString:
+    """An exception's dotted path, wrappable; ours by their short name (full path in the tooltip)."""
+    if dotted.startswith(_OWN_PREFIX):
+        return format_html('<span title="{}">{}</span>', dotted, dotted.rsplit(".", 1)[-1])
+    return _breakable(dotted)
+
+
+#: Times on the operator's pages carry seconds and the time zone: "14:02" cannot tell
+#: which of two failures a minute apart came first.
+WHEN_FORMAT = "Y-m-d H:i:s T"
+
+
+def _when(value: datetime | None) -> str:
+    """``value`` in the current time zone with seconds, or a dash."""
+    if value is None:
+        return "—"
+    return dateformat.format(timezone.localtime(value), WHEN_FORMAT)

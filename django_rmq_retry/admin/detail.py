@@ -11,12 +11,44 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..models import ParkedMessage
+from ..models import ParkedMessage, ParkedStatus
 from ..preview import body_preview
-from .common import _pretty
+from .common import _error_type_label, _pretty, _when
 
 
 class DetailMixin(admin.ModelAdmin):
+    """The detail page's fields and its two buttons (requeue, discard this message)."""
+
+    # Times with seconds ---------------------------------------------------------------------
+    @admin.display(description=_("first failure"))
+    def first_failure_when(self, obj: ParkedMessage) -> str:
+        return _when(obj.first_failure_at)
+
+    @admin.display(description=_("last failure"))
+    def last_failure_when(self, obj: ParkedMessage) -> str:
+        return _when(obj.last_failure_at)
+
+    @admin.display(description=_("parked at"))
+    def parked_when(self, obj: ParkedMessage) -> str:
+        return _when(obj.parked_at)
+
+    @admin.display(description=_("status changed"))
+    def status_changed_when(self, obj: ParkedMessage) -> str:
+        return _when(obj.status_changed_at or obj.parked_at)
+
+    @admin.display(description=_("changed by"))
+    def status_changed_by_display(self, obj: ParkedMessage) -> str:
+        """Who put the row in its status: an operator, or the consumer that parked it."""
+        if obj.status_changed_by:
+            return obj.status_changed_by
+        if obj.status == ParkedStatus.PARKED:
+            return str(_("the consumer (parked after the last attempt)"))
+        return str(_("unknown"))
+
+    @admin.display(description=_("error type"))
+    def error_type_detail(self, obj: ParkedMessage) -> SafeString | str:
+        return _error_type_label(obj.error_type) if obj.error_type else "—"
+
     # Detail fields --------------------------------------------------------------------------
     @admin.display(description=_("body"))
     def body_display(self, obj: ParkedMessage) -> SafeString:

@@ -9,19 +9,24 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.decorators import method_decorator
 from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
 
 from .. import parking
 from ..core.errors import RmqRetryError
 from ..models import ParkedMessage, ParkedStatus
 from ..registry import default_registry
 from .changelist import COUNT_CAP, _capped_count
-from .common import _filter_description, logger
+from .common import _filter_description, _outside_request_transactions, logger
 
 
 class OperationsMixin(admin.ModelAdmin):
@@ -90,6 +95,39 @@ class OperationsMixin(admin.ModelAdmin):
             messages.SUCCESS if count else messages.WARNING,
         )
         self._log(request, queryset, f"Discarded {count} parked message(s).")
+
+    # One message, from its detail page ------------------------------------------------------
+    @method_decorator(require_POST)
+    @_outside_request_transactions
+    def requeue_one_view(self, request: HttpRequest, object_id: str) -> HttpResponseRedirect:
+        """The detail page's Requeue button: the same service and claims as the action."""
+        if not self.has_requeue_permission(request):
+            raise PermissionDenied
+        row = get_object_or_404(ParkedMessage, pk=object_id)
+        self._requeue(request, ParkedMessage.objects.filter(pk=row.pk), parking.MODE_RECEIVER)
+        return self._back_to(row)
+
+    @method_decorator(require_POST)
+    @_outside_request_transactions
+    def discard_one_view(self, request: HttpRequest, object_id: str) -> HttpResponseRedirect:
+        """The detail page's Discard button (the row is kept, marked discarded)."""
+        if not self.has_discard_permission(request):
+            raise PermissionDenied
+        row = get_object_or_404(ParkedMessage, pk=object_id)
+        self.discard_selected(request, ParkedMessage.objects.filter(pk=row.pk))
+        return self._back_to(row)
+
+    def _back_to(self, row: ParkedMessage) -> HttpResponseRedirect:
+        info = self.opts.app_label, self.opts.model_name
+        return HttpResponseRedirect(
+            reverse("{}:{}_{}_change".format(self.admin_site.name, *info), args=[row.pk])
+        )
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_rmq_retry.discard_parkedmessage")
 
     def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
         budget = self.requeue_time_budget
