@@ -1,7 +1,8 @@
 """A generative adversary against one real consumer: random foreign input, broker events.
 
-Each run draws a few hundred messages from a seeded generator (``gen.py``; the seed is printed,
-``ADV_SEED=<seed>`` replays it, ``ADV_COUNT`` changes the size) and publishes them from clients
+Each run draws a few hundred messages from a seeded generator (``gen.py``; the seed comes from
+the checked-out commit, so one commit draws the same messages on every run; it is printed,
+``ADV_SEED=<seed>`` replays or changes it, ``ADV_COUNT`` changes the size) and publishes them from clients
 that are not ours. One ``rmq_consume`` subprocess handles them with three receivers whose
 outcome the message decides. After the run, every message the broker accepted must be handled
 or parked (lost = 0), no receiver may run more often than its policy allows, and the consumer
