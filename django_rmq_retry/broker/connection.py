@@ -101,7 +101,8 @@ def connect(url: str | None = None, *, after: str | None = None, **overrides: An
 def _connect_one(url: str, **overrides: Any) -> Connection:
     """A connection, or :class:`BrokerUnavailable` with one readable line (no password)."""
     try:
-        return Connection(pika.BlockingConnection(connection_parameters(url, **overrides)), url)
+        params = connection_parameters(url, **overrides)
+        return Connection(pika.BlockingConnection(params), url, frame_max=params.frame_max)
     except pex.ProbableAuthenticationError as exc:
         raise AccessRefused(
             f"RabbitMQ at {mask_url(url)} refused the login (check user and password)"
@@ -144,11 +145,24 @@ def _text(name: str | bytes, properties: dict[str, Any], raw_key: str) -> str:
 
 
 class Connection:
-    """One AMQP connection (to ``url``). Closing it never raises."""
+    """One AMQP connection (to ``url``). Closing it never raises.
 
-    def __init__(self, raw: pika.BlockingConnection, url: str = "") -> None:
+    ``frame_max`` is the largest frame this connection may send: what its parameters asked
+    for (the URL's ``frame_max``, else pika's default, RabbitMQ's too). The broker answers
+    with its own limit and the smaller one wins; pika keeps the result to itself, so a
+    broker configured below the client's value must be matched in the URL.
+    """
+
+    def __init__(
+        self,
+        raw: pika.BlockingConnection,
+        url: str = "",
+        *,
+        frame_max: int = pika.ConnectionParameters.DEFAULT_FRAME_MAX,
+    ) -> None:
         self.raw = raw
         self.url = url
+        self.frame_max = frame_max
         join_queued_frames(raw)
         self._reader: DeliveryReader | None = None
         self._reading = False  # whether read_deliveries was tried (once per connection)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -32,9 +32,10 @@ from ..core.failure import (
     library_roots,
     traceback_text,
 )
+from ..core.header_budget import fit_headers, properties_room, too_large_detail
 from ..core.message import Message
 from ..core.names import Names
-from ..core.outcome import Park, RetryLater, Run, decide, triage
+from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
 from ..core.topology import QUORUM_DELIVERY_LIMIT
 from ..core.undecodable import without_headers
 from ..inbox import message_key, run_once
@@ -62,6 +63,11 @@ class Handler:
     delivery limit); ``clock`` and ``rng`` are the time and the jitter source;
     ``landing_ms`` is the last stretch of a retry delay the consumer holds (0: none; the
     in-memory broker's levels take no time, so it needs none).
+
+    A retry copy is fitted to the frame limit of the connection that publishes it
+    (``core.header_budget``) once the loop sets :attr:`frame_max` and gave
+    ``properties_size`` (the encoded size of a copy's properties); without them copies are
+    not measured (the in-memory broker has no frames).
     """
 
     def __init__(
@@ -74,8 +80,16 @@ class Handler:
         clock: Callable[[], datetime] = _now,
         rng: random.Random | None = None,
         landing_ms: int = 0,
+        properties_size: Callable[[Mapping[str, Any]], int] | None = None,
     ) -> None:
         self.names = names
+        #: The publishing connection's frame limit (0: none known, copies are not fitted).
+        self.frame_max = 0
+        self.properties_size = properties_size
+        h = names.header
+        self._error_header = h("error")
+        #: Our optional headers, in the order they go when a copy does not fit its frame.
+        self._droppable = (h("error"), h("error-type"), h("last-failure"), h("first-failure"))
         self.levels = levels
         self.landing_ms = landing_ms
         self._due_header = names.header("due")
@@ -235,6 +249,12 @@ class Handler:
             due_us=way.due_us,
             first_failure=env.first_failure,
         )
+        fitted = self._fit_to_frame(props)
+        if fitted is None:  # not even without our optional headers: park now, never loop
+            detail = too_large_detail(self.frame_max, self._needed(props))
+            park = Park(ParkReason.NON_RETRYABLE, detail)
+            return self._park(d, rec.name, env, park, exc=exc, start_key=start_key)
+        props = fitted
         log_line = (
             f"retry {rec.name} message {message.message_id} attempt "
             f"{decision.next_attempt}/{policy.max_attempts} in {way.delay_ms / 1000:.1f}s "
@@ -255,6 +275,25 @@ class Handler:
             },
             start_key=start_key,
         )
+
+    def _fit_to_frame(self, props: dict[str, Any]) -> dict[str, Any] | None:
+        """A retry copy's properties fitted to the publishing connection's frame limit
+        (``core.header_budget``); ``None`` if they cannot fit."""
+        if not self.frame_max or self.properties_size is None:
+            return props
+        return fit_headers(
+            props,
+            properties_room(self.frame_max),
+            self.properties_size,
+            error_header=self._error_header,
+            droppable=self._droppable,
+        )
+
+    def _needed(self, props: dict[str, Any]) -> int:
+        """Bytes a copy's properties take without our optional headers (for the reason)."""
+        assert self.properties_size is not None
+        headers = {k: v for k, v in props["headers"].items() if k not in self._droppable}
+        return self.properties_size({**props, "headers": headers})
 
     def _park(
         self,

@@ -115,6 +115,7 @@ class Consumer:
             current_levels(),
             limits=limits,
             landing_ms=int(app_settings.DELAY_LANDING_MS),
+            properties_size=_encoded_size,
         )
         self._pool = DaemonPool(
             self.threads,
@@ -208,6 +209,8 @@ class Consumer:
         )
         self._copies_connection.on_blocked(functools.partial(_log_blocked, "retry-copies"))
         self._copies = broker.ConfirmChannel(self._copies_connection)
+        # Retry copies are fitted to the frame limit of the connection that publishes them.
+        self.handler.frame_max = self._copies_connection.frame_max
         self._channel = channel
         self._queue_by_tag = {}
         self._cancelled.clear()
@@ -591,6 +594,11 @@ class Consumer:
         finally:
             close_old_connections()
             local.finished = time.monotonic()
+
+
+def _encoded_size(properties: Any) -> int:
+    """Bytes a copy's properties take in its content-header frame."""
+    return len(broker.encode_properties(properties))
 
 
 def _log_blocked(which: str, blocked: bool, reason: str) -> None:
