@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run the whole test suite: lint, migrations check, then the pytest legs:
-#   sqlite    every test but the fault injection, on SQLite, against the system RabbitMQ 3.10
-#   postgres  every test but the browser one, on PostgreSQL (fault injection included)
+#   oldest    every test but the fault injection, on SQLite, against the system RabbitMQ 3.10,
+#             with Python 3.10, Django 5.2 and the oldest pika allowed (tox env "oldest")
+#   newest    every test but the browser one, on PostgreSQL (fault injection included), with
+#             Python 3.13, the newest Django 6.x and the newest pika (tox env "newest")
 #   rabbit4   the broker-facing suites against RabbitMQ 4.0 (scripts/brokers.sh rabbit4),
 #             with classic queues and again with quorum queues
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
@@ -9,11 +11,14 @@
 # some with LEGS (e.g. LEGS="sqlite postgres" scripts/test.sh). Extra arguments go to pytest
 # (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
-LEGS="${LEGS:-sqlite postgres rabbit4 cluster}"
+ALL_LEGS="oldest newest rabbit4 cluster"
+LEGS="${LEGS:-$ALL_LEGS}"
+LEGS="${LEGS//sqlite/oldest}"  # the legs' names before the support matrix
+LEGS="${LEGS//postgres/newest}"
 for leg in $LEGS; do
-  case "$leg" in sqlite|postgres|rabbit4|cluster) ;; *) die "unknown leg '$leg' in LEGS (sqlite postgres rabbit4 cluster)" ;; esac
+  case " $ALL_LEGS " in *" $leg "*) ;; *) die "unknown leg '$leg' in LEGS ($ALL_LEGS)" ;; esac
 done
-[ -n "${CI:-}" ] && [ "$LEGS" != "sqlite postgres rabbit4 cluster" ] && die "CI runs every leg; unset LEGS"
+[ -n "${CI:-}" ] && [ "$LEGS" != "$ALL_LEGS" ] && die "CI runs every leg; unset LEGS"
 leg_on() { [[ " $LEGS " == *" $1 "* ]]; }
 # The slowest tests of each pytest run are listed at its end: what to look at when CI nears
 # its time limit.
@@ -35,6 +40,7 @@ timed() {
 }
 
 ensure_venv dev
+"$VENV/bin/python" -m pip install -q --group tox
 ensure_debs
 ensure_rabbitmq
 PY="$VENV/bin/python"
@@ -58,14 +64,38 @@ need_postgres() {
   return 1
 }
 
-# sqlite + postgres keep the ordinary suite well under 15 minutes on 2 cores: every test but
-# the fault injection on SQLite (the browser test included), then every test but the browser
-# one on PostgreSQL (the fault-injection suite included: its database-down scenario needs it).
-# (test_publish_many, publisher only, no database, runs on PostgreSQL only.)
-leg_sqlite() {
-  "$PY" -m pytest -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
+# The support matrix's two ends, each in a venv of its own that tox builds from tox.ini (the
+# matrix's one source of truth): the interpreters come from PATH or pyenv.
+# Why the ordinary suite runs twice, once in each: a second database (the parked table's
+# triggers, row locks and full-text search differ between SQLite and PostgreSQL) and the two
+# ends of what the package claims (Python 3.10 / Django 5.2 / oldest pika, and Python 3.13 /
+# the newest Django and pika; Django-6-only tests are skipped below 6 and run in "newest").
+# Everything else runs once: the browser tests on "oldest" only, the fault injection on
+# "newest" only (its database-down scenario needs PostgreSQL), test_publish_many (publisher
+# only, no database) on "newest" only.
+if command -v pyenv >/dev/null; then
+  for v in 3.10 3.13; do
+    for d in "$(pyenv root)"/versions/"$v".*/bin; do [ -x "$d/python$v" ] && PATH="$PATH:$d"; done
+  done
+  export PATH
+fi
+need_python() {
+  command -v "python$1" >/dev/null && return 0
+  if command -v pyenv >/dev/null; then
+    say "installing Python $1 with pyenv"
+    pyenv install -s "$1" && PATH="$PATH:$(pyenv prefix "$1")/bin" && return 0
+  fi
+  die "python$1 is missing: install it (pyenv install $1, or your distribution's python$1)"
 }
-leg_postgres() { DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not browser and not cluster" "$@"; }
+leg_oldest() {
+  need_python 3.10
+  "$VENV/bin/tox" run -e oldest -- \
+    -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
+}
+leg_newest() {
+  need_python 3.13
+  DATABASE_URL="$PG_URL" "$VENV/bin/tox" run -e newest -- -m "not browser and not cluster" "$@"
+}
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
@@ -129,11 +159,11 @@ leg_cluster() {
 
 # Every chosen leg runs even after one failed (one CI run shows all); the exit status says.
 FAILED=()
-if leg_on sqlite; then
-  say "pytest on SQLite"
-  timed sqlite leg_sqlite "$@" || FAILED+=(sqlite)
+if leg_on oldest; then
+  say "leg oldest: Python 3.10, Django 5.2, the oldest pika, SQLite"
+  timed oldest leg_oldest "$@" || FAILED+=(oldest)
 fi
-for leg in postgres rabbit4 cluster; do
+for leg in newest rabbit4 cluster; do
   leg_on "$leg" || continue
   if need_postgres; then
     say "leg $leg (PostgreSQL)"
