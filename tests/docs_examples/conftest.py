@@ -7,7 +7,7 @@ import pytest
 
 from django_rmq_retry.registry import default_registry
 
-pytest_plugins = ["django_rmq_retry.testing.pytest_plugin"]
+# (rmq_broker comes from tests/conftest.py's pytest_plugins: pytest refuses them here.)
 
 
 @pytest.fixture
