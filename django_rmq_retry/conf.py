@@ -50,6 +50,11 @@ DEFAULTS: dict[str, Any] = {
     # electing a leader while a node stops) before it raises NackedError: pauses of 0.5 s,
     # doubling to 5 s. 0 raises at the first nack. A web request waits this long at worst.
     "PUBLISH_NACK_WAIT": 20,
+    # Whether a publishing process declares the whole topology (delay levels, every receiver's
+    # queue) on its first send. False: publishers need RabbitMQ's write permission only, and
+    # the topology is declared by `manage.py rmq_setup` (a deploy step) or `rmq_consume` at
+    # start. True: today's declare-on-first-send, which needs configure permission everywhere.
+    "DECLARE_ON_SEND": False,
     # Seconds a warm shutdown waits for in-flight receivers before it gives up.
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.

@@ -89,8 +89,10 @@ class PublishResult:
 class Publisher:
     """A lazily opened, confirm-mode channel guarded by a lock. One per process."""
 
-    def __init__(self, url: str | None = None, *, declare: bool = True) -> None:
+    def __init__(self, url: str | None = None, *, declare: bool | None = None) -> None:
         self._url = url
+        #: Declare the whole topology on connecting: ``DECLARE_ON_SEND`` unless given. Off by
+        #: default: a publisher needs write permission only (docs/howto/permissions.md).
         self._declare = declare
         self._lock = threading.RLock()
         self._connection: broker.Connection | None = None
@@ -132,7 +134,8 @@ class Publisher:
             )
             channel = self._connection.channel()
             channel.confirm_delivery()
-            if self._declare:
+            declare = app_settings.DECLARE_ON_SEND if self._declare is None else self._declare
+            if declare:
                 try:
                     channel.declare(current_plan(default_registry.all()))
                 except TopologyError:
