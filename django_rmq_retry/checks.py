@@ -24,6 +24,7 @@ Messages = list[checks.CheckMessage]
 
 #: Settings that must be positive numbers.
 POSITIVE = (
+    "LIVENESS_TIMEOUT",
     "PREFETCH",
     "THREADS",
     "BLOCKED_CONNECTION_TIMEOUT",

@@ -108,6 +108,20 @@ DEFAULTS: dict[str, Any] = {
     # Days an idempotent receiver remembers a handled message (a duplicate arriving later
     # runs again). The consumer purges older rows hourly; rmq_purge_inbox does it on demand.
     "INBOX_RETENTION_DAYS": 7,
+    # Observability (docs/howto/observability.md). A port: rmq_consume serves Prometheus
+    # metrics (/metrics, needs the "prometheus" extra) and health probes (/healthz/live,
+    # /healthz/ready) there; --metrics-port overrides it. None: no endpoint.
+    "METRICS_PORT": None,
+    # The address the endpoint listens on ("" or "0.0.0.0": every interface, as a probe needs).
+    "METRICS_ADDRESS": "",
+    # OpenTelemetry traces (needs the "otel" extra and the project's SDK set up): send injects
+    # a W3C trace context and every receiver attempt is a span linked to it.
+    "TRACING": False,
+    # A directory where rmq_consume touches "live" (each second while its I/O loop turns) and
+    # keeps "ready" (while it consumes every queue): for exec probes. None: no files.
+    "HEALTH_DIR": None,
+    # Seconds without a turn of the I/O loop after which liveness fails.
+    "LIVENESS_TIMEOUT": 60,
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])

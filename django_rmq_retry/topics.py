@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
+from . import hooks as _hooks
 from .conf import app_settings
 from .core.backoff import Policy
 from .publishing import PublishResult, get_publisher
@@ -52,6 +53,22 @@ class Topic(TopicKey):
         """Publish and wait for the broker's confirm (raises ``PublishError`` if not), or,
         through the outbox, write the message in the current transaction of database
         ``using`` (default: where the outbox table lives) and return at once."""
+        hooks = _hooks.current
+        if hooks is not None:  # observability: a trace context into the headers, counts
+            headers = dict(headers or {})
+            with hooks.sending(self.routing_key, headers, self.uses_outbox(outbox)):
+                return self._send(body, headers, content_type, outbox, using, properties)
+        return self._send(body, headers, content_type, outbox, using, properties)
+
+    def _send(
+        self,
+        body: Any,
+        headers: Mapping[str, Any] | None,
+        content_type: str | None,
+        outbox: bool | None,
+        using: str | None,
+        properties: dict[str, Any],
+    ) -> PublishResult:
         if self.uses_outbox(outbox):
             return _outbox().enqueue(
                 self.routing_key,
@@ -75,6 +92,19 @@ class Topic(TopicKey):
     ) -> list[PublishResult]:
         """Publish several messages with one round of confirms (much faster than a loop);
         through the outbox, one multi-row INSERT in the current transaction."""
+        hooks = _hooks.current
+        if hooks is not None:  # observability: one trace context for the batch, counts
+            bodies = list(bodies)
+            headers = kwargs["headers"] = dict(kwargs.get("headers") or {})
+            with hooks.sending(
+                self.routing_key, headers, self.uses_outbox(outbox), count=len(bodies)
+            ):
+                return self._send_many(bodies, outbox, using, kwargs)
+        return self._send_many(bodies, outbox, using, kwargs)
+
+    def _send_many(
+        self, bodies: Iterable[Any], outbox: bool | None, using: str | None, kwargs: dict[str, Any]
+    ) -> list[PublishResult]:
         if self.uses_outbox(outbox):
             return _outbox().enqueue_many(self.routing_key, bodies, using=using, **kwargs)
         return get_publisher().publish_many(self.routing_key, bodies, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 
+from .. import hooks as _hooks
 from ..conf import app_settings
 from ..core.backoff import Policy
 from ..core.deadletter import dead_letter_park, last_death
@@ -101,6 +102,8 @@ class Handler:
         self.error_header_max = int(app_settings.ERROR_HEADER_MAX)
         self._roots = library_roots()
         self._base_dir = str(getattr(settings, "BASE_DIR", "") or "")
+        #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
+        self.hooks = _hooks.current
 
     def wait_before(self, d: Delivery) -> float:
         """Seconds ``d`` must wait before its receiver runs: a retry copy that landed early.
@@ -147,12 +150,19 @@ class Handler:
                 d = replace(d, properties=without_headers(d.properties))
             return self._park(d, rec.name, env, verdict, start_key=start_key)
         message = self._message(d, rec, env, headers, verdict)
+        hooks = self.hooks
+        token = hooks.attempt_started(message) if hooks is not None else None
         error = self.attempt(rec, message)
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
+        action: Action
         if error is not None:
-            return self._after_failure(d, rec, env, message, error, start_key)
-        return Ack(start_key=start_key) if start_key is not None else HANDLED
+            action = self._after_failure(d, rec, env, message, error, start_key)
+        else:
+            action = Ack(start_key=start_key) if start_key is not None else HANDLED
+        if hooks is not None:
+            hooks.attempt_ended(token, error, action)
+        return action
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
         """A message the broker gave up on (quorum delivery limit): park it where it was."""

@@ -26,6 +26,7 @@ from typing import Any
 from django.db import close_old_connections, connections
 
 from .. import broker
+from .. import hooks as _hooks
 from ..conf import app_settings, current_levels, current_names, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.budget import channel_lost, copy_refused
@@ -142,6 +143,8 @@ class Consumer:
         self._housekeeping_stop = threading.Event()
         #: The outbox relay and the inbox purge (``None``: ``relay=False``).
         self._housekeeper = Housekeeper(self._housekeeping_stop) if relay else None
+        #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
+        self._hooks = _hooks.current
 
     # Public control -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -180,10 +183,21 @@ class Consumer:
                     )
                     self._abandon_connection(str(exc))
                 self.stats.reconnects += 1
-                self._stop.wait(backoff.next())
+                self._wait_to_reconnect(backoff.next())
         finally:
             self._close()
         return self.stats
+
+    def _wait_to_reconnect(self, seconds: float) -> None:
+        hooks = self._hooks
+        if hooks is None:
+            self._stop.wait(seconds)
+            return
+        hooks.reconnecting()
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            hooks.loop_tick(False)  # alive (waiting on purpose), not ready
+            self._stop.wait(min(left, 1.0))
 
     # Connection lifecycle -------------------------------------------------------------------
     def _connect_and_declare(self) -> None:
@@ -349,8 +363,11 @@ class Consumer:
     def _consume_until_stopped(self) -> None:
         self._last_activity = time.monotonic()
         self._winding_down = False
+        hooks = self._hooks
         while not self._stop.is_set():
             self._pump(0.05 if self._inflight else 0.25)
+            if hooks is not None:
+                hooks.loop_tick(not self._cancelled)
             if self.max_messages is not None and self.stats.done >= self.max_messages:
                 logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
                 break
@@ -377,6 +394,8 @@ class Consumer:
         deadline = time.monotonic() + self.shutdown_timeout
         while self._inflight and time.monotonic() < deadline:
             self._pump(0.05)
+            if self._hooks is not None:
+                self._hooks.loop_tick(False)
             for delivery_tag, job in list(self._inflight.items()):
                 if job.state is CANCELLED:
                     self._inflight.pop(delivery_tag, None)
@@ -486,12 +505,18 @@ class Consumer:
                     self.stats.parked += 1
                 else:
                     self.stats.handled += 1
+                if self._hooks is not None:
+                    _settled(
+                        self._hooks, delivery, "parked" if action.kind == "parked" else "acked"
+                    )
             elif isinstance(action, Release):
                 self._inflight.pop(delivery.tag, None)
                 self._unsettled.discard(delivery.tag)
                 self._limits.note(delivery, action.cause)
                 self._channel.nack(delivery.tag, requeue=True)
                 self.stats.released += 1
+                if self._hooks is not None:
+                    _settled(self._hooks, delivery, "released")
             elif isinstance(action, StorePark):  # (workers hand these over directly)
                 self._submit_park(delivery, action)
             else:
@@ -553,9 +578,13 @@ class Consumer:
                 )
                 self._limits.note(delivery, copy_refused(why))
                 self._channel.nack(delivery.tag, requeue=True)
+                if self._hooks is not None:
+                    _settled(self._hooks, delivery, "retry_refused")
                 return
             self._channel.ack(delivery.tag)
             self.stats.retried += 1
+            if self._hooks is not None:
+                _settled(self._hooks, delivery, "retried")
             self._notifier.submit(functools.partial(self._after_retry, action))
 
         def on_settled(acked: bool, returned: bool) -> None:
@@ -599,6 +628,11 @@ class Consumer:
 def _encoded_size(properties: Any) -> int:
     """Bytes a copy's properties take in its content-header frame."""
     return len(broker.encode_properties(properties))
+
+
+def _settled(hooks: _hooks.Hooks, delivery: Delivery, outcome: str) -> None:
+    rec = delivery.receiver
+    hooks.settled(rec.name if rec is not None else delivery.queue, delivery.queue, outcome)
 
 
 def _log_blocked(which: str, blocked: bool, reason: str) -> None:

@@ -27,11 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
+from .. import hooks as _hooks
 from ..core.backoff import CappedBackoff
 from ..core.busy import database_busy
 from ..core.names import Names
@@ -82,6 +84,7 @@ class ParkWriter:
         self._held: list[ParkJob] = []  # refused even stripped: unacked, tried again later
         self._held_backoff = CappedBackoff(1.0, HOLD_MAX_DELAY)
         self._held_due = 0.0
+        self._hooks = _hooks.current  # observability (None: off)
         start_daemon(self._loop, "rmq-park-writer")
 
     def submit(self, job: ParkJob) -> None:
@@ -201,6 +204,8 @@ class ParkWriter:
             else:
                 if logged:
                     logger.warning("database is back; parked %d held message(s)", len(batch))
+                if self._hooks is not None:
+                    _batch_done(self._hooks, batch, stored)
                 for job, ok in zip(batch, stored, strict=True):
                     if ok:
                         if retrying:
@@ -215,6 +220,17 @@ class ParkWriter:
                 for job in batch:
                     self._on_done(job.token, False)  # shutting down: back to the queue
                 return
+
+
+def _batch_done(hooks: _hooks.Hooks, batch: list[ParkJob], stored: list[bool]) -> None:
+    """Tell observability the size of a committed batch and how long its oldest row waited
+    since its receiver's failure was decided."""
+    times = [job.request.last_failure_at for job in batch if job.request.last_failure_at]
+    lag = 0.0
+    if times:
+        oldest = min(times)
+        lag = max(0.0, (datetime.now(oldest.tzinfo) - oldest).total_seconds())
+    hooks.parked_batch(sum(stored), lag)
 
 
 def commit(

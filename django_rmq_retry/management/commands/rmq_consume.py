@@ -22,6 +22,7 @@ from django_rmq_retry.conf import (
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
+from django_rmq_retry.hooks import CHILD_DIR_ENV
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
@@ -77,6 +78,18 @@ class Command(BaseCommand):
             "dies and forwards SIGTERM/SIGINT (default: 1, no supervisor). --max-messages "
             "then applies to each process.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            help="Serve Prometheus metrics (/metrics) and health probes (/healthz/live, "
+            "/healthz/ready) on this port (default: METRICS_PORT; needs the 'prometheus' "
+            "extra). With --processes, the supervisor serves every process's sums.",
+        )
+        parser.add_argument(
+            "--health-dir",
+            help="Touch DIR/live while the I/O loop turns and keep DIR/ready while consuming "
+            "every queue, for exec probes (default: HEALTH_DIR).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
@@ -94,9 +107,14 @@ class Command(BaseCommand):
             return
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1.")
+        if options["metrics_port"] is None:
+            options["metrics_port"] = app_settings.METRICS_PORT
+        if options["health_dir"] is None:
+            options["health_dir"] = app_settings.HEALTH_DIR
         if options["processes"] > 1:
             self._supervise(options)
             return
+        observer, server = self._observe(options)
         consumer = Consumer(
             receivers,
             prefetch=options["prefetch"],
@@ -122,6 +140,8 @@ class Command(BaseCommand):
         finally:
             gc.unfreeze()  # called in a process that goes on (call_command): as it was
             restore()
+            if observer is not None:
+                self._unobserve(observer, server)
         self.stdout.write(
             self.style.SUCCESS(
                 f"Stopped: {stats.handled} handled, {stats.retried} retried, {stats.parked} parked, "
@@ -142,21 +162,114 @@ class Command(BaseCommand):
             if options[name]:
                 args.append(f"--{name.replace('_', '-')}")
         args += ["--verbosity", str(options["verbosity"])]
+        env = supervisor.child_environment()
+        port, health_dir = options["metrics_port"], options["health_dir"]
+        directory = None
+        if port is not None or health_dir:
+            directory = self._children_directory(env, metrics=port is not None)
+            if port is not None:
+                args += ["--metrics-port", str(port)]  # the children count, we serve
         sup = supervisor.Supervisor(
             supervisor.consumer_command(args, settings.SETTINGS_MODULE),
             options["processes"],
-            env=supervisor.child_environment(),
+            env=env,
         )
+        server = None
+        if directory is not None:
+            server = self._observe_children(directory, sup.pids, port, health_dir)
         restore = sup.install_signal_handlers()
         try:
             code = sup.run()
         finally:
             restore()
+            if server is not None:
+                server.shutdown()
+                server.server_close()
         if code:
             raise CommandError("a consumer process exited with an error (see the log above).")
         self.stdout.write(
             self.style.SUCCESS(f"Stopped: all {options['processes']} consumer processes exited.")
         )
+
+    # Observability -----------------------------------------------------------------------------
+    def _observe(self, options: dict[str, Any]) -> tuple[Any, Any]:
+        """Install the observability hooks (before the consumer is built: it reads them)
+        and start the endpoint. Nothing is imported when every part is off."""
+        port, health_dir = options["metrics_port"], options["health_dir"]
+        child = bool(os.environ.get(CHILD_DIR_ENV))
+        tracing = bool(app_settings.TRACING)
+        if port is None and not health_dir and not tracing and not child:
+            return None, None
+        from django_rmq_retry import observability
+
+        for wanted, module, extra in (
+            (port is not None, "prometheus_client", "prometheus"),
+            (tracing, "opentelemetry", "otel"),
+        ):
+            problem = observability.missing_extra(module, extra) if wanted else None
+            if problem:
+                raise CommandError(problem)
+        observer = observability.enable(
+            metrics=port is not None,
+            tracing=tracing,
+            liveness_timeout=float(app_settings.LIVENESS_TIMEOUT),
+            health_dir=None if child else health_dir,
+        )
+        server = None
+        if port is not None and not child:
+            try:
+                server = observability.serve_consumer(
+                    observer, str(app_settings.METRICS_ADDRESS), port
+                )
+            except OSError as exc:
+                observability.disable()
+                raise CommandError(f"cannot serve metrics on port {port}: {exc}") from None
+        return observer, server
+
+    def _unobserve(self, observer: Any, server: Any) -> None:
+        from django_rmq_retry import observability
+
+        observer.stopped()
+        observability.disable()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def _children_directory(self, env: dict[str, str], *, metrics: bool) -> str:
+        if metrics:
+            from django_rmq_retry import observability
+
+            problem = observability.missing_extra("prometheus_client", "prometheus")
+            if problem:
+                raise CommandError(problem)
+            from django_rmq_retry.observability.multiprocess import ENV, prepare_directory
+
+            directory = prepare_directory()
+            env[ENV] = directory
+        else:
+            import tempfile
+
+            directory = tempfile.mkdtemp(prefix="django-rmq-retry-health-")
+        env[CHILD_DIR_ENV] = directory
+        return directory
+
+    def _observe_children(
+        self, directory: str, pids: Any, port: int | None, health_dir: str | None
+    ) -> Any:
+        from django_rmq_retry import observability
+        from django_rmq_retry.observability.health import ChildrenHealth, FileReporter
+
+        timeout = float(app_settings.LIVENESS_TIMEOUT)
+        if health_dir:
+            FileReporter(ChildrenHealth(directory, pids, timeout), health_dir)
+        if port is None:
+            return None
+        try:
+            return observability.serve_supervisor(
+                directory, pids, str(app_settings.METRICS_ADDRESS), port, timeout
+            )
+        except OSError as exc:
+            raise CommandError(f"cannot serve metrics on port {port}: {exc}") from None
 
     # Helpers -----------------------------------------------------------------------------------
     def _configure_logging(self, verbosity: int) -> None:

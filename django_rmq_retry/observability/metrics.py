@@ -1,0 +1,163 @@
+"""Prometheus metrics of a consumer process (the ``prometheus`` extra: prometheus-client).
+
+Every name starts with ``django_rmq_retry_``. Under ``rmq_consume --processes N`` the
+children write their samples to files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's
+multiprocess mode, set up by the supervisor) and the supervisor alone serves them, summed:
+one endpoint, each message counted once (``server.py``). The database-backed gauges (the
+parked backlog, the outbox backlog) are read only by the process that serves a scrape,
+from the kept group counts: never a ``COUNT(*)`` over the parked table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "django_rmq_retry_"
+
+#: Seconds of receiver attempts (defaults of prometheus-client, plus the long tail).
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: Seconds a retry ran after its due time.
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300)
+#: Rows per parking commit (the parking thread batches at most 200).
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200)
+#: Seconds from a receiver's failure to its parked row's commit.
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300)
+
+
+class ConsumerMetrics:
+    """The metrics a consumer process updates (its hooks call these)."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = r = registry
+        self.messages = Counter(
+            PREFIX + "messages",
+            "Deliveries settled, by receiver and outcome (acked, retried, parked, released, "
+            "retry_refused).",
+            ["receiver", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            PREFIX + "handle_duration_seconds",
+            "Seconds a receiver attempt took (its retry or park decision included).",
+            ["receiver"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            PREFIX + "in_flight",
+            "Receiver attempts running now.",
+            ["receiver"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.reconnects = Counter(
+            PREFIX + "reconnects", "Times the consumer connected again to RabbitMQ.", registry=r
+        )
+        self.published = Counter(
+            PREFIX + "published",
+            "Messages sent: confirmed by the broker, written to the outbox, or failed.",
+            ["outcome"],
+            registry=r,
+        )
+        self.lateness = Histogram(
+            PREFIX + "retry_lateness_seconds",
+            "Seconds a retry's receiver started after the retry's due time.",
+            ["receiver"],
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.park_batch = Histogram(
+            PREFIX + "park_batch_size",
+            "Rows committed per parking batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.park_lag = Histogram(
+            PREFIX + "park_lag_seconds",
+            "Seconds from a receiver's failure to the commit of its parked row.",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.ready = Gauge(
+            PREFIX + "consumer_ready",
+            "1 while the consumer consumes every queue it was asked to (with several "
+            "processes: the least ready of them).",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.heartbeat = Gauge(
+            PREFIX + "loop_heartbeat_timestamp_seconds",
+            "When the consumer's I/O loop last turned (Unix time; with several processes: "
+            "the oldest).",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+
+
+class DatabaseCollector(Collector):
+    """The parked backlog (from the kept group counts) and the outbox backlog, read at
+    most once per ``cache_seconds`` (a scrape every few seconds costs two small queries)."""
+
+    def __init__(self, cache_seconds: float = 5.0, *, own_thread: bool = True) -> None:
+        self.cache_seconds = cache_seconds
+        #: Collected on a thread of ours (the endpoint's): its database connection is ours
+        #: to close. False in a web request, whose connection Django manages.
+        self.own_thread = own_thread
+        self._cached: tuple[float, list[GaugeMetricFamily]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] > self.cache_seconds:
+            self._cached = (now, database_families(self.own_thread))
+        yield from self._cached[1]
+
+    def describe(self) -> list[Any]:
+        return []  # collected lazily: registering must not query the database
+
+
+def database_families(own_thread: bool = True) -> list[GaugeMetricFamily]:
+    """Read the two backlogs now (``own_thread``: close its database connection after)."""
+    from django.db import close_old_connections
+
+    from .backlog import outbox_backlog, parked_backlog
+
+    if own_thread:
+        close_old_connections()
+    try:
+        families = []
+        parked = parked_backlog()
+        if parked is not None:
+            family = GaugeMetricFamily(
+                PREFIX + "parked_messages",
+                "Parked messages by receiver and status (from the kept group counts).",
+                labels=["receiver", "status"],
+            )
+            for (receiver, status), count in sorted(parked.items()):
+                family.add_metric([receiver, status], count)
+            families.append(family)
+        pending, held, oldest_age = outbox_backlog()
+        outbox = GaugeMetricFamily(
+            PREFIX + "outbox_messages",
+            "Outbox rows waiting for the relay, by status (pending, held).",
+            labels=["status"],
+        )
+        outbox.add_metric(["pending"], pending)
+        outbox.add_metric(["held"], held)
+        families.append(outbox)
+        families.append(
+            GaugeMetricFamily(
+                PREFIX + "outbox_oldest_pending_age_seconds",
+                "Age of the oldest pending outbox row (0: none).",
+                value=oldest_age,
+            )
+        )
+        return families
+    finally:
+        if own_thread:
+            close_old_connections()

@@ -1,0 +1,115 @@
+"""The hooks (``django_rmq_retry.hooks``) that feed metrics, traces and health probes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+from ..core.message import Message
+from ..core.names import Names
+from ..hooks import Hooks
+from .health import Health
+
+
+class Observer(Hooks):
+    """Calls each enabled part: ``metrics`` (``metrics.ConsumerMetrics``), ``tracing``
+    (``tracing.Tracing``), ``health`` (``health.Health``); ``None`` parts cost nothing."""
+
+    def __init__(
+        self,
+        names: Names,
+        *,
+        metrics: Any = None,
+        tracing: Any = None,
+        health: Health | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.tracing = tracing
+        self.health = health
+        self._due = names.header("due")
+        self._due_us = names.header("due-us")
+        self._beat_set = 0.0
+        self._ready: bool | None = None
+
+    # Receiver attempts (receiver threads) ----------------------------------------------------
+    def attempt_started(self, message: Message) -> Any:
+        span = self.tracing.start(message) if self.tracing is not None else None
+        m = self.metrics
+        if m is not None:
+            m.in_flight.labels(message.receiver).inc()
+            if message.attempt > 1:
+                late = lateness(message.headers, self._due, self._due_us)
+                if late is not None:
+                    m.lateness.labels(message.receiver).observe(late)
+        return (time.perf_counter(), message.receiver, span)
+
+    def attempt_ended(self, token: Any, error: BaseException | None, action: Any) -> None:
+        started, receiver, span = token
+        if self.tracing is not None:
+            self.tracing.end(span, error, action)
+        m = self.metrics
+        if m is not None:
+            m.duration.labels(receiver).observe(time.perf_counter() - started)
+            m.in_flight.labels(receiver).dec()
+
+    # The consumer's threads -------------------------------------------------------------------
+    def settled(self, receiver: str, queue: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.messages.labels(receiver, outcome).inc()
+
+    def loop_tick(self, ready: bool) -> None:
+        if self.health is not None:
+            self.health.tick(ready)
+        m = self.metrics
+        if m is not None:
+            now = time.time()
+            if ready is not self._ready or now - self._beat_set >= 1.0:
+                self._ready = ready
+                self._beat_set = now
+                m.ready.set(1 if ready else 0)
+                m.heartbeat.set(now)
+
+    def reconnecting(self) -> None:
+        if self.metrics is not None:
+            self.metrics.reconnects.inc()
+
+    def parked_batch(self, size: int, lag_seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.park_batch.observe(size)
+            self.metrics.park_lag.observe(lag_seconds)
+
+    @contextlib.contextmanager
+    def sending(
+        self, routing_key: str, headers: MutableMapping[str, Any], outbox: bool, count: int = 1
+    ) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.tracing is not None:
+                stack.enter_context(self.tracing.sending(routing_key, headers, outbox))
+            try:
+                yield
+            except BaseException:
+                if self.metrics is not None:
+                    self.metrics.published.labels("failed").inc(count)
+                raise
+            if self.metrics is not None:
+                self.metrics.published.labels("outboxed" if outbox else "confirmed").inc(count)
+
+    def stopped(self) -> None:
+        """The consumer returned: not ready any more."""
+        if self.health is not None:
+            self.health.stopped()
+        if self.metrics is not None:
+            self.metrics.ready.set(0)
+
+
+def lateness(headers: dict[str, Any], due: str, due_us: str) -> float | None:
+    """Seconds between a retry's due time (our headers) and now; ``None`` without one."""
+    value = headers.get(due_us)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(0.0, time.time() - value / 1e6)
+    value = headers.get(due)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(0.0, time.time() - value / 1e3)
+    return None
