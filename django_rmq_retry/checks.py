@@ -39,7 +39,7 @@ POSITIVE = (
     "INBOX_RETENTION_DAYS",
 )
 #: Settings that must be numbers >= 0.
-NON_NEGATIVE = ("PUBLISH_NACK_WAIT",)
+NON_NEGATIVE = ("PUBLISH_NACK_WAIT", "SPARE_PREFETCH")
 
 
 #: The longest ``x-message-ttl`` RabbitMQ accepts (milliseconds, unsigned 32 bits).

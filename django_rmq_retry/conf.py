@@ -34,8 +34,13 @@ DEFAULTS: dict[str, Any] = {
     "TLS_KEY_FILE": None,
     # Prefix of every exchange, queue and header we own (two projects can share a vhost).
     "PREFIX": "rmq_retry",
-    # Deliveries a consumer may hold unacked at once, per process.
+    # Deliveries a consumer process may hold unacked at once, per queue: retry copies waiting
+    # in the landing and rows waiting for their parked commit count too.
     "PREFETCH": 20,
+    # Opt-in: while retry copies wait in the landing or rows wait for their parked commit,
+    # a spare consumer with this prefetch widens a queue's window, so a process may then hold
+    # up to PREFETCH + SPARE_PREFETCH unacked on it. 0 (default): never; PREFETCH is the bound.
+    "SPARE_PREFETCH": 0,
     # Receiver threads per consumer process (receivers never run on pika's I/O thread).
     "THREADS": 1,
     # AMQP heartbeat in seconds. 0 (disabled) is refused: dead peers would go unnoticed.

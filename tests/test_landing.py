@@ -165,8 +165,15 @@ def test_a_landing_in_range_passes_check(value):
 
 
 # When to widen a window (no broker) ---------------------------------------------------------
+def test_by_default_no_spare_ever_starts():
+    """PREFETCH is the bound unless SPARE_PREFETCH opts in."""
+    spares = SpareWindows(prefetch=2)
+    assert not spares.worth_deciding(1_000)
+    assert spares.decide({"q": 1_000}, now=0.0).start == ()
+
+
 def test_a_spare_starts_once_held_copies_fill_half_a_window_and_leaves_after_lingering():
-    spares = SpareWindows(prefetch=20)
+    spares = SpareWindows(prefetch=20, spare_prefetch=80)
     assert spares.spare_prefetch == 80
     assert not spares.worth_deciding(9) and spares.worth_deciding(10)
     assert not spares.decide({"q": 9}, now=0.0).start  # under half the window
@@ -181,7 +188,7 @@ def test_a_spare_starts_once_held_copies_fill_half_a_window_and_leaves_after_lin
 
 
 def test_a_spare_stays_while_its_queue_holds_copies():
-    spares = SpareWindows(prefetch=1)
+    spares = SpareWindows(prefetch=1, spare_prefetch=4)
     assert spares.decide({"q": 1}, now=0.0).start == ("q",)
     spares.started("q", "t", now=0.0)
     for second in range(1, 5):  # copies keep landing: the spare is never cancelled
@@ -314,13 +321,14 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
 def test_copies_held_past_one_window_widen_it_with_a_spare_consumer(
     rmq, registry_snapshot, stop_while_held
 ):
-    """Prefetch 2, ten copies due 3 s after their first attempt, all in the landing: the
-    window widens (a spare consumer on the same queue) so all ten are held at once, each
+    """Prefetch 2 and SPARE_PREFETCH 8 (opted in), ten copies due 3 s after their first
+    attempt, all in the landing: the window widens to 2 + 8 (a spare consumer on the same
+    queue) so all ten are held at once, each
     runs once at or after its due time, and the spare leaves once nothing is held. A warm
     stop while they are held gives all ten back; the next consumer runs each once."""
     runs: list[dict] = []
     topic = Topic("test.landing")
-    with _with(DELAY_LANDING_MS=3000):
+    with _with(DELAY_LANDING_MS=3000, SPARE_PREFETCH=8):
         _failing_once(topic, 3.0, runs)
         call_command("rmq_consume", setup_only=True, verbosity=0)
         for n in range(10):

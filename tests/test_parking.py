@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -644,13 +645,13 @@ class _WritesHeld:
 def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
     rmq, monkeypatch, tmp_path
 ):
-    """Prefetch 2, 30 messages rejected (parked at once) while another connection holds the
-    table's writes: the two in the window wait for their commit, so the consumer opens a
-    spare consumer (prefetch 8) and takes ten; once the writes go through, every message is
+    """Prefetch 2 and SPARE_PREFETCH 8 (opted in), 30 messages rejected (parked at once)
+    while another connection holds the table's writes: the two in the window wait for their
+    commit, so the consumer opens a spare consumer (prefetch 8) and takes ten; once the writes go through, every message is
     parked exactly once, the receiver ran once for each, and the spare leaves. Without the
     spare a flood parks one window per commit (bench/README, "Parking is bound per batch")."""
     from django_rmq_retry.consumer import Consumer
-    from django_rmq_retry.consumer.spare import SPARE_FACTOR, SPARE_LINGER_S
+    from django_rmq_retry.consumer.spare import SPARE_LINGER_S
     from django_rmq_retry.registry import default_registry
 
     log = tmp_path / "runs.jsonl"
@@ -662,8 +663,9 @@ def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
     for i in range(30):
         work.send({"id": i, "reject": True, "only": ["alpha"]})
     assert wait_for(lambda: rmq.depth(queue) == 30, 10)
-    window = 2 * (1 + SPARE_FACTOR)
-    consumer = Consumer([alpha], consume_orphans=False, prefetch=2)
+    window = 2 + 8
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "SPARE_PREFETCH": 8}):
+        consumer = Consumer([alpha], consume_orphans=False, prefetch=2)
     thread = threading.Thread(target=consumer.run)
     with _WritesHeld():
         thread.start()

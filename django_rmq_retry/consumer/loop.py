@@ -136,8 +136,9 @@ class Consumer:
         self._parking: Counter[str] = Counter()
         self._parking_lock = threading.Lock()
         #: Spare consumers widening a queue's window while deliveries no receiver needs fill
-        #: it: retry copies held in the landing, rows waiting for their commit.
-        self._spares = SpareWindows(self.prefetch)
+        #: it: retry copies held in the landing, rows waiting for their commit. Opt-in
+        #: (``SPARE_PREFETCH``): by default PREFETCH bounds what a queue's window holds.
+        self._spares = SpareWindows(self.prefetch, int(app_settings.SPARE_PREFETCH))
         self._winding_down = False
         self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
         self._housekeeping_stop = threading.Event()
@@ -529,8 +530,8 @@ class Consumer:
     def _submit_park(self, delivery: Delivery, action: StorePark) -> None:
         """Any thread: the parking thread commits the row. The delivery stays in flight and
         unsettled until it reports the commit (:meth:`_park_done`). Counted meanwhile: a
-        flood of parks fills the window with rows waiting for a commit, and batches as
-        large as the window allows (``spare.py``)."""
+        flood of parks fills the window with rows waiting for a commit, and an opt-in
+        spare consumer may widen it (``spare.py``)."""
         with self._parking_lock:
             if delivery.generation == self._generation:
                 self._parking[delivery.queue] += 1

@@ -1,21 +1,26 @@
-"""When deliveries no receiver needs fill a queue's window, a spare consumer widens it.
+"""Opt-in (``SPARE_PREFETCH``): a spare consumer widens a queue's window while deliveries
+no receiver needs fill it.
+
+By default a consumer process holds at most ``PREFETCH`` unacked deliveries per queue,
+whatever waits among them (retry copies in the landing, rows waiting for their parked
+commit): the broker's per-consumer prefetch is the bound, and dispatch across consumer
+processes stays fair. ``SPARE_PREFETCH`` = N > 0 trades that for throughput in the two
+cases below: the bound becomes ``PREFETCH + N`` per queue, held only while such deliveries
+wait there.
 
 Two kinds of delivery sit in the window without a receiver: retry copies waiting in the
-landing for their due time, and deliveries whose parked row waits for its commit (the
-parking thread writes whatever accumulated while its last commit ran: at a window of 20 a
-flood of failures parked ~10 rows a commit; with the spare, batches grow to the wider
-window: 5,021 → 6,618 msg/s on PostgreSQL, ``bench/run.py parking``, 2026-11-26 19:50).
-
-A held copy is unacked, so it fills one prefetch slot until it is due. When more copies
-are held at once than one window holds (a stream of retries at 700 a second, each held up to
-the landing's ~100 ms, keeps about 70 held), they fill the window and everything behind them, the next copies and fresh messages
-alike, waits in the queue until a held one runs and is acked (``bench/run.py delay``, the
-retry-stream row: p99 24.7 ms without a spare, 6.18 ms with one, same host and hour).
+landing for their due time, and deliveries whose parked row waits for its commit. A flood
+of failures parks one window per commit (the parking thread writes whatever accumulated
+while its last commit ran); a stream of retries, each held up to the landing's last
+stretch, can keep more copies held than one window holds, and then the next copies and
+fresh messages alike wait in the queue until a held one runs. A wider window helps both
+(``bench/run.py parking`` and the retry-stream row of ``bench/run.py delay``), at the cost
+of one process holding more than its share: hence opt-in, with its own bound.
 
 A running consumer's prefetch cannot be raised: RabbitMQ applies a per-consumer
 ``basic.qos`` only to consumers started after it, and a channel-wide (``global``) prefetch is
 a deprecated feature, refused by default since RabbitMQ 4.3 and never offered by quorum
-queues. So the consumer starts a second, *spare* consumer on that queue with its own
+queues. So the consumer (when opted in) starts a second, *spare* consumer on that queue with its own
 prefetch, and cancels it once nothing of that queue has been held for a while. The copies
 (and any fresh message) it receives are handled exactly like the main consumer's, on the
 same channel; cancelling it leaves its unacked deliveries where they are, and pika gives
@@ -29,10 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-#: A spare consumer's prefetch, in units of the main consumer's: the window of one queue is
-#: at most (1 + SPARE_FACTOR) × PREFETCH while copies are held.
-SPARE_FACTOR = 4
 
 #: Seconds with nothing of its queue held before a spare consumer is cancelled: a stream of
 #: retries landing now and then keeps one spare, instead of two RPCs per copy.
@@ -52,17 +53,17 @@ NOTHING = SpareMoves()
 
 @dataclass
 class SpareWindows:
-    """Which queues have a spare consumer, and when each last had a held copy."""
+    """Which queues have a spare consumer, and when each last had a held copy.
+
+    ``spare_prefetch`` 0 (the default setting): never a spare, the window is ``prefetch``.
+    """
 
     prefetch: int
+    spare_prefetch: int = 0
     #: queue → the spare consumer's tag
     tags: dict[str, str] = field(default_factory=dict)
     #: queue → monotonic time its held copies were last seen (only for queues with a spare)
     last_held: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def spare_prefetch(self) -> int:
-        return max(1, self.prefetch) * SPARE_FACTOR
 
     def threshold(self) -> int:
         """Held copies of one queue that call for a spare: half its window (at least one)."""
@@ -71,13 +72,15 @@ class SpareWindows:
     def worth_deciding(self, held_in_all: int) -> bool:
         """Cheap test before :meth:`decide`, whose per-queue counts walk the held copies:
         with no spare open and fewer copies held in all than the threshold, no queue can
-        reach it."""
+        reach it; with spares off, nothing ever is."""
+        if self.spare_prefetch <= 0:
+            return False
         return bool(self.tags) or held_in_all >= self.threshold()
 
     def decide(self, held: Mapping[str, int], now: float) -> SpareMoves:
         """``held``: deliveries waiting per queue now, in the landing or for their parked
         row's commit (queues absent hold none)."""
-        if not held and not self.tags:
+        if self.spare_prefetch <= 0 or (not held and not self.tags):
             return NOTHING
         start = tuple(q for q, n in held.items() if n >= self.threshold() and q not in self.tags)
         cancel = []
