@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -73,14 +74,27 @@ def settled_all(port: int) -> bool:
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_scraped_counts_match_the_messages(rmq, processes):
+def test_scraped_counts_match_the_messages(rmq, processes, tmp_path):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     port = free_port()
+    health = tmp_path / "health"
     proc = start_consumer(
-        rmq.prefix, rmq.log, "gamma", "--metrics-port", str(port), "--processes", str(processes)
+        rmq.prefix,
+        rmq.log,
+        "gamma",
+        "--metrics-port",
+        str(port),
+        "--processes",
+        str(processes),
+        "--health-dir",
+        str(health),
     )
     try:
         assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=60), proc.output()
+        assert get(port, "/healthz/live")[0] == 200
+        # The exec probes' files (under a supervisor: written by it for all children).
+        assert wait_for(lambda: (health / "ready").exists(), timeout=10)
+        assert time.time() - (health / "live").stat().st_mtime < 10
         send_mix()
         assert wait_for(lambda: settled_all(port), timeout=90), (samples(port), proc.output())
         found = samples(port)

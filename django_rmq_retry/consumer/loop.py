@@ -367,8 +367,8 @@ class Consumer:
         hooks = self._hooks
         while not self._stop.is_set():
             self._pump(0.05 if self._inflight else 0.25)
-            if hooks is not None:
-                hooks.loop_tick(not self._cancelled)
+            if hooks is not None:  # consuming every queue (_pump resumes a cancelled one)
+                hooks.loop_tick(True)
             if self.max_messages is not None and self.stats.done >= self.max_messages:
                 logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
                 break
@@ -384,6 +384,8 @@ class Consumer:
     def _warm_shutdown(self) -> None:
         """Stop consuming, let in-flight receivers finish and act on them, then return."""
         self._winding_down = True  # no spare consumer starts from here on
+        if self._hooks is not None:
+            self._hooks.loop_tick(False)  # stopping: not ready any more
         for consumer_tag in [*self._queue_by_tag, *self._spares.tags.values()]:
             try:
                 self._channel.cancel(consumer_tag)
