@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .broker import Outgoing
+if TYPE_CHECKING:  # the broker package loads pika: only when something is published
+    from .broker import Outgoing
 
-Batch = Sequence[Outgoing]
+Batch = Sequence["Outgoing"]
 _END: Any = object()  # the source's end
 
 

@@ -205,7 +205,8 @@ def decoded(headers: dict[str, Any] | Raw) -> pika.spec.BasicProperties:
     headerguard.install()
     frame = properties_frame(headers, message_id="after", app_id="app")
     props = pika.spec.BasicProperties()
-    props.decode(frame)
+    with headerguard.decoding():  # as our connections' I/O does
+        props.decode(frame)
     # The properties after the headers are read from the right place.
     assert (props.message_id, props.app_id) == ("after", "app")
     return props

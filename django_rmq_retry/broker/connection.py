@@ -12,7 +12,7 @@ import contextlib
 import logging
 import select
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,8 +33,6 @@ from .topology import declare
 from .writes import join_queued_frames
 
 logger = logging.getLogger("django_rmq_retry.broker")
-
-headerguard.install()
 
 #: ``on_message(delivery_tag, exchange, routing_key, redelivered, properties, body)``
 OnMessage = Callable[[int, str, str, bool, dict[str, Any], bytes], None]
@@ -100,9 +98,12 @@ def connect(url: str | None = None, *, after: str | None = None, **overrides: An
 
 def _connect_one(url: str, **overrides: Any) -> Connection:
     """A connection, or :class:`BrokerUnavailable` with one readable line (no password)."""
+    headerguard.install()  # on first use: pika changed for our connections' I/O only
     try:
         params = connection_parameters(url, **overrides)
-        return Connection(pika.BlockingConnection(params), url, frame_max=params.frame_max)
+        with headerguard.decoding():
+            raw = pika.BlockingConnection(params)
+        return Connection(raw, url, frame_max=params.frame_max)
     except pex.ProbableAuthenticationError as exc:
         raise AccessRefused(
             f"RabbitMQ at {mask_url(url)} refused the login (check user and password)"
@@ -115,6 +116,14 @@ def _connect_one(url: str, **overrides: Any) -> Connection:
         raise BrokerUnavailable(
             f"cannot reach RabbitMQ at {mask_url(url)}: {describe(exc)}"
         ) from exc
+
+
+@contextlib.contextmanager
+def _io() -> Iterator[None]:
+    """Around a call that may read from one of our connections: pika's errors become ours,
+    and the header tables read meanwhile are guarded (``headerguard``: ours only)."""
+    with translated(), headerguard.decoding():
+        yield
 
 
 def to_pika(properties: Mapping[str, Any]) -> pika.BasicProperties:
@@ -172,7 +181,7 @@ class Connection:
         return bool(self.raw.is_open)
 
     def channel(self) -> Channel:
-        with translated():
+        with _io():
             return Channel(self.raw.channel(), self._read_deliveries)
 
     def _read_deliveries(self, channel_number: int) -> None:
@@ -187,7 +196,8 @@ class Connection:
     def pump(self, seconds: float) -> None:
         """Run the I/O loop (and every callback due) for up to ``seconds``."""
         try:
-            self.raw.process_data_events(time_limit=seconds)  # type: ignore[arg-type]
+            with headerguard.decoding():
+                self.raw.process_data_events(time_limit=seconds)  # type: ignore[arg-type]
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
@@ -246,7 +256,8 @@ class Connection:
         """Close if still open; a connection that is already broken is only forgotten."""
         try:
             if self.raw.is_open:
-                self.raw.close()
+                with headerguard.decoding():  # deliveries may still arrive meanwhile
+                    self.raw.close()
         except Exception:  # already dead: nothing to clean
             logger.debug("closing a broken connection failed", exc_info=True)
 
@@ -287,16 +298,16 @@ class Channel:
 
     def declare(self, the_plan: Plan) -> None:
         """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""
-        with translated():
+        with _io():
             declare(self.raw, the_plan)
 
     def qos(self, prefetch: int) -> None:
-        with translated():
+        with _io():
             self.raw.basic_qos(prefetch_count=prefetch)
 
     def confirm_delivery(self) -> None:
         """Publishes on this channel now wait for the broker's confirm (or raise)."""
-        with translated():
+        with _io():
             self.raw.confirm_delivery()
 
     def consume(self, queue: str, on_message: OnMessage) -> str:
@@ -315,19 +326,19 @@ class Channel:
 
         if self._on_consume is not None:  # before: deliveries may follow consume-ok at once
             self._on_consume(self.raw.channel_number)
-        with translated():
+        with _io():
             return str(self.raw.basic_consume(queue, deliver))
 
     def cancel(self, consumer_tag: str) -> None:
-        with translated():
+        with _io():
             self.raw.basic_cancel(consumer_tag)
 
     def ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        with translated():
+        with _io():
             self.raw.basic_ack(delivery_tag, multiple=multiple)
 
     def nack(self, delivery_tag: int, requeue: bool = True) -> None:
-        with translated():
+        with _io():
             self.raw.basic_nack(delivery_tag, requeue=requeue)
 
     def publish(
@@ -339,5 +350,5 @@ class Channel:
         such exchange) or ``ConnectionLost``.
         """
         props = to_pika(properties)
-        with translated():
+        with _io():
             self.raw.basic_publish(exchange, routing_key, body, props, mandatory=True)

@@ -12,12 +12,21 @@ it raises — becomes an ``UndecodableHeaders`` table ``{UNDECODABLE_HEADERS: re
 RAW_HEADERS: the table's bytes}`` (its length prefix lets us skip it), and the consumer parks the message as undecodable with those
 bytes kept. The reason names the value: ``header 'meta' > 'at': timestamp ... out of range``.
 So does a table pika decodes into a value it could never encode again (a huge double).
+
+Only our own deliveries are guarded. The wrapper is put in place the first time one of our
+connections is opened (never at import), and it hands every call to pika's own decoder
+unless the calling thread is inside :func:`decoding` — which our connections set around
+their I/O (a pika connection belongs to one thread, and reads only inside its calls). Any
+other pika code in the process, before or after ours ran, decodes exactly as pika does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pika.data
@@ -41,35 +50,68 @@ _KINDS = {
 }
 
 
+class _Scope(threading.local):
+    depth = 0
+
+
+_scope = _Scope()
+
+
+@contextlib.contextmanager
+def decoding() -> Iterator[None]:
+    """Header tables this thread decodes meanwhile are guarded (our connection's I/O)."""
+    _scope.depth += 1
+    try:
+        yield
+    finally:
+        _scope.depth -= 1
+
+
+def installed() -> bool:
+    """Whether the wrapper is in place (after our first connection)."""
+    return bool(getattr(pika.spec.data, "_rmq_retry_guard", False))  # type: ignore[attr-defined]
+
+
 def install() -> None:
-    """Wrap the header-table decoder pika uses for properties (idempotent)."""
-    if getattr(pika.spec.data, "_rmq_retry_guard", False):  # type: ignore[attr-defined]
+    """Wrap the header-table decoder pika uses for properties (idempotent).
+
+    Outside :func:`decoding` the wrapper calls pika's own decoder and nothing else.
+    """
+    if installed():
         return
     original = pika.data.decode_table
 
     def decode_table(encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:
-        end = offset + 4 + struct.unpack_from(">I", encoded, offset)[0]
-        try:
-            table, stop = original(encoded, offset)
-        except Exception as exc:  # any refusal: a parked message, never a dead connection
-            return _undecodable(encoded, offset, end, exc), end
-        if stop != end:  # an inner length ran past the table: what follows would be garbage
-            reason = "headers cannot be decoded: their lengths disagree"
-            return UndecodableHeaders(
-                {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
-            ), end
-        if table and (oversized := _oversized(table)) is not None:
-            reason = f"headers cannot be decoded: {oversized}"
-            return UndecodableHeaders(
-                {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
-            ), end
-        return table, stop
+        if not _scope.depth:  # not one of our connections: pika's own behaviour
+            return original(encoded, offset)
+        return guarded_decode(original, encoded, offset)
 
     guarded = types.ModuleType(pika.data.__name__)
     guarded.__dict__.update(vars(pika.data))
     guarded.decode_table = decode_table  # type: ignore[attr-defined]
     guarded._rmq_retry_guard = True  # type: ignore[attr-defined]
     pika.spec.data = guarded  # type: ignore[attr-defined]
+
+
+def guarded_decode(original: Any, encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:
+    """``original(encoded, offset)``, or an :class:`UndecodableHeaders` table instead of
+    raising (or of a value that could never be sent again)."""
+    end = offset + 4 + struct.unpack_from(">I", encoded, offset)[0]
+    try:
+        table, stop = original(encoded, offset)
+    except Exception as exc:  # any refusal: a parked message, never a dead connection
+        return _undecodable(encoded, offset, end, exc), end
+    if stop != end:  # an inner length ran past the table: what follows would be garbage
+        reason = "headers cannot be decoded: their lengths disagree"
+        return UndecodableHeaders(
+            {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
+        ), end
+    if table and (oversized := _oversized(table)) is not None:
+        reason = f"headers cannot be decoded: {oversized}"
+        return UndecodableHeaders(
+            {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
+        ), end
+    return table, stop
 
 
 def _oversized(table: dict[Any, Any]) -> str | None:

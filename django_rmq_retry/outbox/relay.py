@@ -82,7 +82,7 @@ class _Row(NamedTuple):
 
 
 #: Rows read at once and the messages they become.
-_Chunk = list[tuple[_Row, broker.Outgoing]]
+_Chunk = list[tuple[_Row, "broker.Outgoing"]]  # a string: pika loads on first use
 
 
 class _Claim(NamedTuple):

@@ -20,16 +20,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from django.db import connections, transaction
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.db.models.lookups import Exact
 from django.utils import timezone
 
-from .. import signals
+from .. import broker, signals
 from ..batches import ids_in
-from ..broker import Outgoing
 from ..conf import app_settings, current_names
 from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
@@ -38,6 +37,9 @@ from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from ..publishing import get_publisher
 from ..threads import start_daemon
 from .rows import row_properties
+
+if TYPE_CHECKING:  # the broker package loads pika: only when something is requeued
+    from ..broker import Outgoing
 
 logger = logging.getLogger("django_rmq_retry.parking")
 
@@ -439,7 +441,7 @@ def _messages(rows: list[_Stored], mode: str, names: Names) -> list[Outgoing]:
             parked_id=row.pk,
             requeue_count=row.requeue_count + 1,
         )
-        messages.append(Outgoing(exchange, routing_key, bytes(row.body), props))
+        messages.append(broker.Outgoing(exchange, routing_key, bytes(row.body), props))
     return messages
 
 
