@@ -14,7 +14,7 @@ import select
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as pex
@@ -48,27 +48,70 @@ def mask_url(url: str) -> str:
         return url
     user = parts.username or ""
     host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address keeps its brackets (else its port reads as part of it)
+        host = f"[{host}]"
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
+#: Connection options a broker URL may carry in its query (pika's names); each one given
+#: there wins over the value our settings would set (docs/reference/broker-url.md).
+URL_OPTIONS = frozenset(
+    {
+        "blocked_connection_timeout",
+        "channel_max",
+        "client_properties",
+        "connection_attempts",
+        "frame_max",
+        "heartbeat",
+        "locale",
+        "retry_delay",
+        "socket_timeout",
+        "ssl_options",
+        "stack_timeout",
+        "tcp_options",
+    }
+)
+
+
+def url_options(url: str) -> frozenset[str]:
+    """The connection options ``url``'s query sets (the URL is the user's: those win)."""
+    return frozenset(name for name, _value in parse_qsl(urlsplit(url).query) if name in URL_OPTIONS)
+
+
 def connection_parameters(url: str | None = None, **overrides: Any) -> pika.URLParameters:
+    """pika's parameters for ``url``: what its query sets, and ours for what it leaves out.
+
+    Ours are the settings (``HEARTBEAT``, ``BLOCKED_CONNECTION_TIMEOUT``,
+    ``CONNECT_TIMEOUT``, ``TLS_*``), or what the caller asks for this connection
+    (``overrides``: its name, a publishing-only connection's blocked timeout). An option in
+    the URL's query always wins: ``?heartbeat=7`` negotiates 7 whatever ``HEARTBEAT`` says.
+    """
     url = url or broker_urls()[0]
     params = pika.URLParameters(url)
-    params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
-    blocked_timeout = overrides.get(
-        "blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT
-    )
-    # None: wait out a memory or disk alarm however long it lasts (a publishing-only
-    # connection whose owner keeps its other connection, and heartbeats, alive).
-    params.blocked_connection_timeout = None if blocked_timeout is None else float(blocked_timeout)
-    timeout = float(app_settings.CONNECT_TIMEOUT)
-    params.socket_timeout = timeout
-    params.stack_timeout = timeout * 2
-    params.connection_attempts = 1
-    params.client_properties = {"connection_name": overrides.get("name", "django-rmq-retry")}
-    if urlsplit(url).scheme == "amqps":
+    given = url_options(url)
+    if "heartbeat" not in given:
+        params.heartbeat = int(overrides.get("heartbeat", app_settings.HEARTBEAT))
+    if "blocked_connection_timeout" not in given:
+        blocked = overrides.get(
+            "blocked_connection_timeout", app_settings.BLOCKED_CONNECTION_TIMEOUT
+        )
+        # None: wait out a memory or disk alarm however long it lasts (a publishing-only
+        # connection whose owner keeps its other connection, and heartbeats, alive).
+        params.blocked_connection_timeout = None if blocked is None else float(blocked)
+    if "socket_timeout" not in given:
+        params.socket_timeout = float(app_settings.CONNECT_TIMEOUT)
+    if "stack_timeout" not in given:
+        params.stack_timeout = float(params.socket_timeout or app_settings.CONNECT_TIMEOUT) * 2
+    if "connection_attempts" not in given:
+        params.connection_attempts = 1  # our own loops retry, with failover and backoff
+    name = overrides.get("name", "django-rmq-retry")
+    if "client_properties" in given:
+        params.client_properties = {"connection_name": name, **(params.client_properties or {})}
+    else:
+        params.client_properties = {"connection_name": name}
+    if urlsplit(url).scheme == "amqps" and "ssl_options" not in given:
         context = ssl.create_default_context(cafile=app_settings.TLS_CA_FILE)
         if app_settings.TLS_CERT_FILE:
             context.load_cert_chain(app_settings.TLS_CERT_FILE, app_settings.TLS_KEY_FILE)
