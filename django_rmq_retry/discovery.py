@@ -1,13 +1,33 @@
-"""Find receiver modules in every installed app (``consumers.py`` by default)."""
+"""Find receiver modules in every installed app (``consumers.py`` by default), and task
+modules (``tasks.py``) when a ``TASKS`` backend is ours."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 from .conf import app_settings
 
+#: Where our ``django.tasks`` backend lives (``TASKS[...]["BACKEND"]``).
+TASK_BACKEND_PACKAGE = "django_rmq_retry.tasks"
+
 
 def autodiscover() -> None:
     """Import ``<app>.<DISCOVER_MODULE>`` for every installed app. Idempotent: Python caches
-    imported modules and the registry ignores a function registered twice."""
+    imported modules and the registry ignores a function registered twice.
+
+    With our task backend configured, also ``<app>.tasks``: a task's queue exists (and a
+    consumer runs it) once its ``@task`` was imported, as a receiver's once its module was.
+    """
     autodiscover_modules(app_settings.DISCOVER_MODULE)
+    if uses_task_backend():
+        autodiscover_modules("tasks")
+
+
+def uses_task_backend() -> bool:
+    backends = getattr(settings, "TASKS", None) or {}
+    return any(
+        str(options.get("BACKEND", "")).startswith(TASK_BACKEND_PACKAGE + ".")
+        for options in backends.values()
+        if isinstance(options, dict)
+    )

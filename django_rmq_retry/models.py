@@ -313,3 +313,39 @@ class InboxEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.receiver} · {self.key}"
+
+
+class TaskResultRecord(models.Model):
+    """One ``django.tasks`` result of ``django_rmq_retry.tasks.RabbitMQBackend``.
+
+    Written only by a backend whose results are on (``OPTIONS["results"]``): at enqueue,
+    then at each attempt's start and end. ``errors`` holds one entry per failed attempt and
+    ``worker_ids`` one per attempt (``TaskContext.attempt`` counts them, as Django does).
+    Rows older than the backend's retention are deleted by its workers.
+    """
+
+    id = models.CharField(_("result id"), max_length=64, primary_key=True)
+    backend = models.CharField(_("backend alias"), max_length=100)
+    task_path = models.CharField(_("task"), max_length=255)
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    status = models.CharField(_("status"), max_length=20, db_index=True)
+    args = models.JSONField(_("arguments"), default=list)
+    kwargs = models.JSONField(_("keyword arguments"), default=dict)
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
+    enqueued_at = models.DateTimeField(_("enqueued"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    last_attempted_at = models.DateTimeField(_("last attempted"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    return_value = models.JSONField(_("return value"), null=True, blank=True)
+    errors = models.JSONField(_("errors"), default=list)
+    worker_ids = models.JSONField(_("worker ids"), default=list)
+    updated_at = models.DateTimeField(_("updated"))
+
+    class Meta:
+        verbose_name = _("task result")
+        verbose_name_plural = _("task results")
+        indexes = [models.Index(fields=["updated_at"], name="rmqr_taskresult_updated")]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} {self.status}"

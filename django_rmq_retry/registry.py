@@ -61,6 +61,9 @@ class Receiver:
     #: Run in a database transaction with an inbox row: a redelivery of a message whose
     #: transaction committed is acked without running again (``inbox``).
     idempotent: bool = False
+    #: RabbitMQ priorities of the queue (``x-max-priority``; 0: none). Tasks use it; the
+    #: argument is declared on classic queues only (``core.topology``).
+    max_priority: int = 0
 
     @property
     def routing_keys(self) -> list[str]:

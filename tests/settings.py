@@ -48,3 +48,17 @@ else:
 
 # A consumer child can be started without time zones (the USE_TZ = False projects of #12).
 USE_TZ = env.bool("RMQ_TEST_USE_TZ", default=True)
+
+# Django 6: django.tasks on our backend, with the tasks of tests.tasksproject (docs and tests
+# of the backend; below Django 6 they skip).
+import django as _django  # noqa: E402
+
+if _django.VERSION >= (6, 0):
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.tasksproject"]
+    TASKS = {
+        "default": {
+            "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
+            "QUEUES": ["default", "urgent"],
+            "OPTIONS": {"result_retention": 3600},
+        },
+    }

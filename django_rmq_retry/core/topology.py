@@ -153,5 +153,10 @@ def plan(
         bindings.append(
             Binding(names.deliver_exchange, "", {"x-match": "all", names.target_header: qname})
         )
-        queues.append(QueueSpec(qname, _queue_args(queue_type, dead), bindings, receiver=rec.name))
+        args = _queue_args(queue_type, dead)
+        max_priority = getattr(rec, "max_priority", 0)
+        # A quorum queue takes no x-max-priority (4.0+ has two priorities of its own).
+        if max_priority and queue_type != "quorum":
+            args["x-max-priority"] = max_priority
+        queues.append(QueueSpec(qname, args, bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)

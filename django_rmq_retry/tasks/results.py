@@ -1,0 +1,178 @@
+"""The results table: a ``TaskResultRecord`` row per task, read back as a ``TaskResult``.
+
+Rows are written only by a backend with results on. Each write is one short statement in
+autocommit (or in the caller's transaction at enqueue, so an outbox-sent task and its row
+commit together). Retention: a worker deletes rows untouched for longer than the
+backend's retention at most once a minute.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import router, transaction
+from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils import timezone
+
+from ..models import TaskResultRecord
+from .wire import TaskMessage
+
+# Statuses (named here: django-stubs types the enum's members as ``...``).
+READY = TaskResultStatus("READY")
+RUNNING = TaskResultStatus("RUNNING")
+FAILED = TaskResultStatus("FAILED")
+SUCCESSFUL = TaskResultStatus("SUCCESSFUL")
+
+#: Seconds between two retention sweeps of one process.
+SWEEP_EVERY = 60.0
+
+_sweep_lock = threading.Lock()
+_last_sweep = 0.0
+
+
+def write_enqueued(msg: TaskMessage) -> None:
+    """The row of a task just enqueued (status READY)."""
+    now = timezone.now()
+    db = router.db_for_write(TaskResultRecord)
+    TaskResultRecord.objects.using(db).create(
+        id=msg.result_id,
+        backend=msg.backend,
+        task_path=msg.task_path,
+        queue_name=msg.queue_name,
+        priority=msg.priority,
+        status=READY,
+        args=msg.args,
+        kwargs=msg.kwargs,
+        run_after=msg.run_after,
+        enqueued_at=msg.enqueued_at,
+        updated_at=now,
+    )
+
+
+def forget(result_id: str) -> None:
+    """Delete the row of a task whose publish failed (it was never enqueued)."""
+    TaskResultRecord.objects.filter(id=result_id).delete()
+
+
+def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> TaskResultRecord:
+    """Read, change and save one row in a short transaction of its own (created if a
+    retention sweep, or a backend with results off at enqueue, left none)."""
+    db = router.db_for_write(TaskResultRecord)
+    with transaction.atomic(using=db):
+        row = TaskResultRecord.objects.using(db).select_for_update().filter(id=msg.result_id)
+        record = row.first()
+        if record is None:
+            record = TaskResultRecord(
+                id=msg.result_id,
+                backend=msg.backend,
+                task_path=msg.task_path,
+                queue_name=msg.queue_name,
+                priority=msg.priority,
+                args=msg.args,
+                kwargs=msg.kwargs,
+                run_after=msg.run_after,
+                enqueued_at=msg.enqueued_at,
+            )
+        change(record)
+        record.updated_at = timezone.now()
+        record.save(using=db)
+    return record
+
+
+def started(msg: TaskMessage, worker_id: str, at: datetime) -> TaskResultRecord:
+    def change(r: TaskResultRecord) -> None:
+        r.status = RUNNING
+        r.started_at = r.started_at or at
+        r.last_attempted_at = at
+        r.worker_ids = [*r.worker_ids, worker_id]
+
+    return _update(msg, change)
+
+
+def finished(
+    msg: TaskMessage,
+    status: TaskResultStatus,
+    at: datetime,
+    *,
+    return_value: Any = None,
+    error: TaskError | None = None,
+) -> TaskResultRecord:
+    """An attempt ended: ``status`` READY (a retry follows), SUCCESSFUL or FAILED."""
+
+    def change(r: TaskResultRecord) -> None:
+        r.status = status
+        if status != READY:
+            r.finished_at = at
+        if status == SUCCESSFUL:
+            r.return_value = return_value
+        if error is not None:
+            r.errors = [
+                *r.errors,
+                {
+                    "exception_class_path": error.exception_class_path,
+                    "traceback": error.traceback,
+                },
+            ]
+
+    return _update(msg, change)
+
+
+def parked(result_id: str, at: datetime) -> None:
+    """The task was parked without a last attempt ending here (delivery limit, orphan)."""
+    TaskResultRecord.objects.filter(id=result_id).exclude(status__in=[FAILED, SUCCESSFUL]).update(
+        status=FAILED, finished_at=at, updated_at=at
+    )
+
+
+def as_result(record: TaskResultRecord, task: Task) -> TaskResult:
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task,
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=record.backend,
+        errors=[
+            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+            for e in record.errors
+        ],
+        worker_ids=list(record.worker_ids),
+    )
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+def get(result_id: str, backend: str) -> TaskResultRecord:
+    try:
+        return TaskResultRecord.objects.get(id=result_id, backend=backend)
+    except TaskResultRecord.DoesNotExist:
+        raise TaskResultDoesNotExist(result_id) from None
+
+
+def sweep(retention: timedelta, *, clock: Callable[[], float] = time.monotonic) -> int:
+    """Delete finished rows untouched for longer than ``retention``, at most once per
+    ``SWEEP_EVERY`` seconds per process (0 when it is not time yet or another thread
+    sweeps). A task still waiting (deferred for longer than the retention) keeps its row."""
+    global _last_sweep
+    now = clock()
+    if now - _last_sweep < SWEEP_EVERY or not _sweep_lock.acquire(blocking=False):
+        return 0
+    try:
+        _last_sweep = now
+        cutoff = timezone.now() - retention
+        deleted, _ = TaskResultRecord.objects.filter(
+            updated_at__lt=cutoff,
+            status__in=[SUCCESSFUL, FAILED],
+        ).delete()
+        return deleted
+    finally:
+        _sweep_lock.release()

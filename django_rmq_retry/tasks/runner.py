@@ -1,0 +1,206 @@
+"""``TaskRunner``: the receiver that runs one task message.
+
+The consumer hands it a delivery like any receiver's; what it raises goes through the same
+decision (retry through the delay levels, or park) as any receiver's. Around the task it
+writes the result row (when the backend keeps results) and sends Django's
+``task_started`` and ``task_finished`` signals; ``task_finished`` only once the task's
+outcome is final (it succeeded, or it failed and will not be retried).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from traceback import format_exception
+from typing import Any
+
+from django.tasks import task_backends
+from django.tasks.base import Task, TaskContext, TaskError, TaskResult
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from ..conf import current_levels, current_names
+from ..core.errors import Reject
+from ..core.message import Message
+from ..core.outcome import Park, decide
+from ..policies import policy_cache
+from ..registry import Receiver
+from . import results
+from .defer import publish_deferred
+from .results import FAILED, READY, RUNNING, SUCCESSFUL
+from .wire import TaskMessage
+
+logger = logging.getLogger("django_rmq_retry.tasks")
+
+_runners: dict[str, TaskRunner] = {}
+_runners_lock = threading.Lock()
+
+
+def worker_id() -> str:
+    """This process, as ``TaskResult.worker_ids`` names it (host and pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def runner_for(queue_name: str, task_path: str) -> TaskRunner:
+    """The one runner of a (queue name, task path): the registry keeps a receiver per
+    function object, so a task validated again (``.using(...)``) must find the same one."""
+    key = f"{queue_name}.{task_path}"
+    with _runners_lock:
+        runner = _runners.get(key)
+        if runner is None:
+            runner = _runners[key] = TaskRunner(queue_name, task_path)
+        return runner
+
+
+class TaskRunner:
+    """A receiver named ``tasks.<queue_name>.<task path>`` (its queue and routing key)."""
+
+    def __init__(self, queue_name: str, task_path: str) -> None:
+        self.queue_name = queue_name
+        self.task_path = task_path
+        # ``registry.dotted_path`` names a receiver ``<__module__>.<__qualname__>``.
+        self.__module__ = "tasks"
+        self.__qualname__ = f"{queue_name}.{task_path}"
+
+    def __repr__(self) -> str:
+        return f"TaskRunner({self.queue_name!r}, {self.task_path!r})"
+
+    def __call__(self, message: Message, *, receiver: Receiver, **kwargs: Any) -> None:
+        try:
+            msg = TaskMessage.from_body(message.body)
+            backend = task_backends[msg.backend]
+        except Exception as exc:  # nothing to retry: park it for an operator to read
+            raise Reject(f"not a task message this project can run: {exc}") from exc
+        early = _seconds_early(msg, message.headers)
+        if early > 0:
+            # Sent through the outbox (to the work exchange), or deferred for longer than
+            # the delay levels hold: on through the levels again, acked once confirmed.
+            publish_deferred(
+                f"tasks.{msg.queue_name}.{msg.task_path}",
+                message.raw,
+                {},
+                early,
+                base=dict(message.properties),
+            )
+            return
+        try:
+            task = _task(msg)
+        except Exception as exc:
+            raise Reject(f"task {msg.task_path} cannot be loaded: {exc}") from exc
+        run(backend, task, msg, message.attempt, receiver)
+
+
+def _seconds_early(msg: TaskMessage, headers: dict[str, Any]) -> float:
+    """How much of its ``run_after`` a task still has to wait when it arrives.
+
+    A task that came through the delay levels carries the time they were asked to hold
+    it to (the due header): only what lies beyond it (a delay longer than the levels
+    hold) is left, so no clock but the publisher's decides, and a consumer's clock
+    (or the in-memory broker's virtual one) never sends it round again. A task without
+    a due header came straight from the work exchange (through the outbox): it waits
+    from now.
+    """
+    if msg.run_after is None:
+        return 0.0
+    names = current_names()
+    due_us = headers.get(names.header("due-us"))
+    if isinstance(due_us, int) and not isinstance(due_us, bool):
+        left = msg.run_after.timestamp() - due_us / 1_000_000
+    else:
+        left = (msg.run_after - timezone.now()).total_seconds()
+    slack = current_levels().resolution_ms / 1000
+    return left if left > slack else 0.0
+
+
+def _task(msg: TaskMessage) -> Task:
+    task = import_string(msg.task_path)
+    if not isinstance(task, Task):
+        raise TypeError(f"{msg.task_path} is not a task (decorate it with @task)")
+    return task.using(queue_name=msg.queue_name, priority=msg.priority, run_after=msg.run_after)
+
+
+def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Receiver) -> None:
+    """One attempt of ``task``: result row and signals around it; re-raises its error."""
+    sender = type(backend)
+    keep = bool(getattr(backend, "results", False))
+    me = worker_id()
+    started_at = timezone.now()
+    if keep:
+        record = results.started(msg, me, started_at)
+        worker_ids = list(record.worker_ids)
+        first_start = record.started_at
+        errors = [
+            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+            for e in record.errors
+        ]
+    else:  # no row: the message's attempt is all we know (TaskContext.attempt counts ids)
+        worker_ids = [me] * max(1, attempt)
+        first_start = started_at
+        errors = []
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task,
+        id=msg.result_id,
+        status=RUNNING,
+        enqueued_at=msg.enqueued_at,
+        started_at=first_start,
+        finished_at=None,
+        last_attempted_at=started_at,
+        args=msg.args,
+        kwargs=msg.kwargs,
+        backend=msg.backend,
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    task_started.send(sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *msg.args, **msg.kwargs)
+        else:
+            value = task.call(*msg.args, **msg.kwargs)
+        value = normalize_json(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        _failed(sender, result, msg, attempt, receiver, exc, keep)
+        raise
+    finished_at = timezone.now()
+    if keep:
+        results.finished(msg, SUCCESSFUL, finished_at, return_value=value)
+        results.sweep(backend.retention)
+    object.__setattr__(result, "_return_value", value)
+    object.__setattr__(result, "status", SUCCESSFUL)
+    object.__setattr__(result, "finished_at", finished_at)
+    task_finished.send(sender, task_result=result)
+
+
+def _failed(
+    sender: type,
+    result: TaskResult,
+    msg: TaskMessage,
+    attempt: int,
+    receiver: Receiver,
+    exc: BaseException,
+    keep: bool,
+) -> None:
+    """Record the failed attempt; final (FAILED) when the policy parks it, else READY."""
+    error = TaskError(
+        exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        traceback="".join(format_exception(exc)),
+    )
+    final = isinstance(decide(attempt, exc, policy_cache.for_receiver(receiver)), Park)
+    status = FAILED if final else READY
+    at = timezone.now()
+    try:
+        if keep:
+            results.finished(msg, status, at, error=error)
+    except Exception:  # the task's own error decides what happens next, not this write
+        logger.exception("task %s: could not record the failed attempt", msg.result_id)
+    result.errors.append(error)
+    object.__setattr__(result, "status", status)
+    if final:
+        object.__setattr__(result, "finished_at", at)
+        task_finished.send(sender, task_result=result)

@@ -1,0 +1,43 @@
+"""Tasks the tests enqueue: each obeys its arguments, and remembers its runs in ``RUNS``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.tasks import TaskContext, task
+
+#: (task name, attempt, args) of every run in this process, in order.
+RUNS: list[tuple[str, int, Any]] = []
+
+
+class Permanent(Exception):
+    """Never retried (``dont_retry``)."""
+
+
+@task
+def add(a: int, b: int) -> int:
+    RUNS.append(("add", 1, [a, b]))
+    return a + b
+
+
+@task(takes_context=True, priority=10)
+def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
+    """Fails until attempt ``succeed_on`` (``TaskContext.attempt`` counts from 1)."""
+    RUNS.append(("flaky", context.attempt, [succeed_on]))
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return {"attempt": context.attempt, "result_id": context.task_result.id}
+
+
+@task(takes_context=True, max_attempts=2, dont_retry=(Permanent,))  # type: ignore[call-arg]
+def always_fails(context: TaskContext, how: str) -> None:
+    RUNS.append(("always_fails", context.attempt, [how]))
+    if how == "permanent":
+        raise Permanent("this one is never retried")
+    raise ValueError(f"failed on attempt {context.attempt}")
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    RUNS.append(("async_add", 1, [a, b]))
+    return a + b

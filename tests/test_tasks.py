@@ -1,0 +1,243 @@
+"""``django.tasks`` on RabbitMQ: ``RabbitMQBackend`` in the in-memory broker and the real one.
+
+Django 6 only (``django.tasks``); ``tests.settings`` declares ``TASKS`` there.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import django
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    django.VERSION < (6, 0), reason="django.tasks (and our backend of it) needs Django 6.0+"
+)
+
+if django.VERSION >= (6, 0):
+    from django.core.management import call_command
+    from django.tasks import task_backends
+    from django.tasks.base import TaskResultStatus
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from django_rmq_retry.models import ParkedMessage, TaskResultRecord
+    from django_rmq_retry.parking import requeue
+    from django_rmq_retry.tasks.wire import amqp_priority
+    from django_rmq_retry.testing import InMemoryBroker
+    from tests.conftest import wait_for
+    from tests.tasksproject import tasks as t
+
+
+@pytest.fixture(autouse=True)
+def _runs():
+    t.RUNS.clear()
+    yield
+    t.RUNS.clear()
+
+
+def test_priority_maps_onto_eleven_rabbitmq_priorities():
+    assert [amqp_priority(p) for p in (-100, -91, -90, -10, 0, 9, 10, 90, 100)] == [
+        0,
+        0,
+        1,
+        5,
+        5,
+        5,
+        6,
+        10,
+        10,
+    ]
+
+
+# In memory ---------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_in_memory_a_task_runs_and_its_result_is_read_back():
+    seen = []
+
+    def record(signal):
+        def receive(sender, task_result, **kwargs):
+            seen.append((signal, task_result.id, task_result.status))
+
+        return receive
+
+    handlers = {
+        s: record(name)
+        for s, name in (
+            (task_enqueued, "enqueued"),
+            (task_started, "started"),
+            (task_finished, "finished"),
+        )
+    }
+    for s, h in handlers.items():
+        s.connect(h)
+    try:
+        with InMemoryBroker() as broker:
+            result = t.add.enqueue(2, 3)
+            assert result.status == TaskResultStatus.READY
+            broker.run_until_idle()
+    finally:
+        for s, h in handlers.items():
+            s.disconnect(h)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert len(result.worker_ids) == 1
+    assert result.errors == []
+    assert t.RUNS == [("add", 1, [2, 3])]
+    assert [(s, st) for s, _i, st in seen] == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.SUCCESSFUL),
+    ]
+    assert {i for _s, i, _st in seen} == {result.id}
+
+
+@pytest.mark.django_db
+def test_in_memory_retries_count_attempts_and_keep_one_error_each():
+    finished = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result.status)
+
+    task_finished.connect(on_finished)
+    try:
+        with InMemoryBroker() as broker:
+            result = t.flaky.enqueue(succeed_on=3)
+            broker.run_until_idle()
+    finally:
+        task_finished.disconnect(on_finished)
+    assert [a for _n, a, _x in t.RUNS] == [1, 2, 3]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3, "result_id": result.id}
+    assert result.attempts == 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
+    assert "attempt 2 fails" in result.errors[1].traceback
+    assert finished == [TaskResultStatus.SUCCESSFUL]  # once, when the outcome is final
+
+
+@pytest.mark.django_db
+def test_in_memory_exhausted_task_is_parked_with_its_arguments():
+    with InMemoryBroker() as broker:
+        result = t.always_fails.enqueue("transient")
+        broker.run_until_idle()
+    assert [a for _n, a, _x in t.RUNS] == [1, 2]  # the task's own max_attempts=2
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 2
+    row = ParkedMessage.objects.get()
+    assert row.message_id == result.id
+    assert row.reason == "exhausted"
+    assert b'"args": ["transient"]' in bytes(row.body) or b'"args":["transient"]' in bytes(row.body)
+    assert row.receiver == "tasks.default.tests.tasksproject.tasks.always_fails"
+
+
+@pytest.mark.django_db
+def test_in_memory_non_retryable_error_parks_at_once():
+    with InMemoryBroker() as broker:
+        result = t.always_fails.enqueue("permanent")
+        broker.run_until_idle()
+    assert [a for _n, a, _x in t.RUNS] == [1]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert ParkedMessage.objects.get().reason == "non_retryable"
+
+
+@pytest.mark.django_db
+def test_in_memory_deferred_task_waits_in_the_delay_levels():
+    with InMemoryBroker() as broker:
+        result = t.add.using(run_after=timezone.now() + timedelta(hours=2)).enqueue(1, 1)
+        broker.run_until_idle()
+    assert t.RUNS == [("add", 1, [1, 1])]
+    (run,) = [r for r in broker.runs if r.message_id == result.id]
+    assert run.at >= 2 * 3600 - 1  # virtual seconds: the levels held it two hours
+
+
+@pytest.mark.django_db
+def test_in_memory_async_task_runs():
+    with InMemoryBroker() as broker:
+        result = t.async_add.enqueue(20, 22)
+        broker.run_until_idle()
+    result.refresh()
+    assert result.return_value == 42
+
+
+@pytest.mark.django_db
+def test_results_off_writes_no_row_and_get_result_says_so():
+    options = {"results": False}
+    tasks_setting = {
+        "default": {
+            "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
+            "QUEUES": ["default", "urgent"],
+            "OPTIONS": options,
+        }
+    }
+    with override_settings(TASKS=tasks_setting), InMemoryBroker() as broker:
+        result = t.flaky.enqueue(succeed_on=2)
+        broker.run_until_idle()
+        assert [a for _n, a, _x in t.RUNS] == [1, 2]  # attempt right without a row
+        assert not TaskResultRecord.objects.exists()
+        assert not task_backends["default"].supports_get_result
+        with pytest.raises(NotImplementedError):
+            result.refresh()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox_sends_a_task_only_if_the_transaction_commits():
+    from django.db import transaction
+
+    tasks_setting = {
+        "default": {
+            "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
+            "QUEUES": ["default", "urgent"],
+            "OPTIONS": {"outbox": True},
+        }
+    }
+    with override_settings(TASKS=tasks_setting), InMemoryBroker() as broker:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            rolled_back = t.add.enqueue(1, 2)
+            raise RuntimeError("roll back")
+        with transaction.atomic():
+            kept = t.add.enqueue(3, 4)
+        broker.run_until_idle()
+        assert t.RUNS == [("add", 1, [3, 4])]
+        assert TaskResultRecord.objects.get(id=kept.id).status == "SUCCESSFUL"
+        assert not TaskResultRecord.objects.filter(id=rolled_back.id).exists()
+
+
+# The real broker ---------------------------------------------------------------------------
+def consume(*names: str, count: int, idle: float = 5) -> None:
+    call_command("rmq_consume", *names, max_messages=count, max_idle_time=idle, verbosity=0)
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_runs_retries_parks_and_requeues_a_task(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    ok = t.add.enqueue(40, 2)
+    flaky = t.flaky.using(queue_name="urgent").enqueue(succeed_on=2)
+    doomed = t.always_fails.enqueue("transient")
+    later = t.add.using(run_after=timezone.now() + timedelta(seconds=1.5)).enqueue(1, 2)
+    # ok, flaky x2, doomed x2, later
+    consume(
+        "tasks.default.tests.tasksproject.tasks.add",
+        "tasks.urgent.tests.tasksproject.tasks.flaky",
+        "tasks.default.tests.tasksproject.tasks.always_fails",
+        count=6,
+        idle=10,
+    )
+    for r in (ok, flaky, doomed, later):
+        r.refresh()
+    assert ok.return_value == 42
+    assert flaky.return_value["attempt"] == 2 and len(flaky.errors) == 1
+    assert doomed.status == TaskResultStatus.FAILED and len(doomed.errors) == 2
+    assert later.return_value == 3
+    assert later.started_at >= later.task.run_after
+    row = ParkedMessage.objects.get(message_id=doomed.id)
+    # An operator requeues it (the same service as the admin's action): it runs again.
+    requeue(ParkedMessage.objects.filter(pk=row.pk))
+    consume("tasks.default.tests.tasksproject.tasks.always_fails", count=2, idle=10)
+    assert wait_for(lambda: (doomed.refresh(), len(doomed.errors) == 4)[1], 10)
+    assert [n for n, _a, _x in t.RUNS].count("always_fails") == 4
