@@ -25,14 +25,18 @@ class Hooks:
     """The interface, each method doing nothing (subclass and override what you need)."""
 
     def attempt_started(self, message: Message) -> Any:
-        """A receiver is about to run ``message``. What it returns is handed back to
-        :meth:`attempt_ended` (a start time, a span...)."""
+        """A receiver is about to run ``message`` (on the thread that runs it). What it
+        returns is handed back to :meth:`attempt_ended` (a start time, a span...)."""
         return None
 
     def attempt_ended(self, token: Any, error: BaseException | None, action: Any) -> None:
         """The attempt is over and decided: ``action`` is what the consumer does next
         (``consumer.actions``: an ack, a retry copy to publish, a row to park). A retry
         copy's headers (``action.properties["headers"]``) may still be added to here."""
+
+    def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
+        """A retry copy's headers, on the receiver's thread while its attempt is current
+        (between :meth:`attempt_started` and :meth:`attempt_ended`): may add to them."""
 
     def settled(self, receiver: str, queue: str, outcome: str) -> None:
         """A delivery was settled: ``outcome`` is ``acked``, ``retried`` (its copy confirmed,
@@ -52,10 +56,17 @@ class Hooks:
 
     @contextlib.contextmanager
     def sending(
-        self, routing_key: str, headers: MutableMapping[str, Any], outbox: bool, count: int = 1
+        self,
+        routing_key: str,
+        headers: MutableMapping[str, Any],
+        outbox: bool,
+        count: int = 1,
+        properties: MutableMapping[str, Any] | None = None,
     ) -> Iterator[None]:
         """Around one ``send`` (or ``send_many`` of ``count`` bodies): may add headers (a
-        trace context) before it publishes, or (``outbox``) writes its outbox row(s)."""
+        trace context) before it publishes, or (``outbox``) writes its outbox row(s).
+        ``properties`` (one ``send``): the caller's message properties, ``message_id``
+        may be set there (as the publisher would)."""
         yield
 
 

@@ -56,7 +56,9 @@ class Topic(TopicKey):
         hooks = _hooks.current
         if hooks is not None:  # observability: a trace context into the headers, counts
             headers = dict(headers or {})
-            with hooks.sending(self.routing_key, headers, self.uses_outbox(outbox)):
+            with hooks.sending(
+                self.routing_key, headers, self.uses_outbox(outbox), properties=properties
+            ):
                 return self._send(body, headers, content_type, outbox, using, properties)
         return self._send(body, headers, content_type, outbox, using, properties)
 

@@ -259,6 +259,8 @@ class Handler:
             due_us=way.due_us,
             first_failure=env.first_failure,
         )
+        if self.hooks is not None:  # e.g. this attempt's trace context, for the next one
+            self.hooks.retry_copy(props["headers"])
         fitted = self._fit_to_frame(props)
         if fitted is None:  # not even without our optional headers: park now, never loop
             detail = too_large_detail(self.frame_max, self._needed(props))

@@ -65,6 +65,18 @@ def enable(
     return observer
 
 
+def enable_tracing() -> Observer:
+    """Trace ``send`` in this process (a web or worker process that publishes): call it
+    from your project's start-up (an ``AppConfig.ready``, ``wsgi.py``) after setting up the
+    OpenTelemetry SDK. ``rmq_consume`` needs no call: the ``TRACING`` setting turns it on
+    there. A library never changes a project's start-up, so this is not done for you."""
+    from .tracing import Tracing
+
+    observer = Observer(current_names(), tracing=Tracing(current_names()))
+    install(observer)
+    return observer
+
+
 def disable() -> None:
     """Back to no hooks (the command calls it when the consumer returns)."""
     install(None)

@@ -80,13 +80,24 @@ class Observer(Hooks):
             self.metrics.park_batch.observe(size)
             self.metrics.park_lag.observe(lag_seconds)
 
+    def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
+        if self.tracing is not None:
+            self.tracing.retry_copy(headers)
+
     @contextlib.contextmanager
     def sending(
-        self, routing_key: str, headers: MutableMapping[str, Any], outbox: bool, count: int = 1
+        self,
+        routing_key: str,
+        headers: MutableMapping[str, Any],
+        outbox: bool,
+        count: int = 1,
+        properties: MutableMapping[str, Any] | None = None,
     ) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             if self.tracing is not None:
-                stack.enter_context(self.tracing.sending(routing_key, headers, outbox))
+                stack.enter_context(
+                    self.tracing.sending(routing_key, headers, outbox, count, properties)
+                )
             try:
                 yield
             except BaseException:

@@ -1,0 +1,129 @@
+"""OpenTelemetry traces of a message across its retries, against the real broker, exported
+with the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_rmq_retry.consumer import Consumer
+from django_rmq_retry.registry import default_registry
+from tests.conftest import read_log
+from tests.testapp.events import other
+
+pytest.importorskip("opentelemetry.sdk")
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import SpanKind, StatusCode
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans():
+    """The process-wide tracer provider (set once: OpenTelemetry allows one) with the
+    in-memory exporter, emptied for this test; tracing hooks installed."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    from django_rmq_retry import observability
+
+    observability.enable(metrics=False, tracing=True, liveness_timeout=60)
+    try:
+        yield _EXPORTER
+    finally:
+        observability.disable()
+
+
+def run_consumer(rmq, done: int) -> None:
+    gamma = default_registry.find("gamma", rmq.prefix)
+    Consumer([gamma], max_messages=done, max_idle_time=60, relay=False).run()
+
+
+def show(found) -> str:
+    lines = []
+    for s in found:
+        links = [
+            (format(link.context.span_id, "016x"), link.attributes.get("django_rmq_retry.link"))
+            for link in s.links
+        ]
+        lines.append(
+            f"{s.name} kind={s.kind.name} trace={s.context.trace_id:032x} "
+            f"span={s.context.span_id:016x} "
+            f"parent={format(s.parent.span_id, '016x') if s.parent else None} "
+            f"attempt={s.attributes.get('django_rmq_retry.attempt')} "
+            f"status={s.status.status_code.name} events={[e.name for e in s.events]} "
+            f"links={links}"
+        )
+    return "\n".join(lines)
+
+
+def test_a_message_that_failed_twice_then_succeeded_is_one_trace_of_linked_attempts(rmq, spans):
+    from django.core.management import call_command
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    other.send({"id": 1, "fail": 2}, correlation_id="order-42")
+    run_consumer(rmq, done=3)  # two retried, one handled
+    assert [e["attempt"] for e in read_log(rmq.log) if e["event"] == "done"] == [3]
+
+    found = spans.get_finished_spans()
+    print(show(found))
+    (send,) = [s for s in found if s.kind is SpanKind.PRODUCER]
+    process = sorted(
+        (s for s in found if s.kind is SpanKind.CONSUMER),
+        key=lambda s: s.attributes["django_rmq_retry.attempt"],
+    )
+    assert [s.attributes["django_rmq_retry.attempt"] for s in process] == [1, 2, 3]
+    queue = rmq.queue("gamma")
+    destination = f"{rmq.names.work_exchange}:test.other"
+    assert send.name == f"send {destination}"
+    assert send.attributes["messaging.system"] == "rabbitmq"
+    assert send.attributes["messaging.operation.type"] == "send"
+    assert send.attributes["messaging.message.conversation_id"] == "order-42"
+    message_id = send.attributes["messaging.message.id"]
+    trace_id = send.context.trace_id
+    previous = None
+    for span in process:
+        assert span.name == f"process {destination}:{queue}"
+        assert span.attributes["messaging.operation.type"] == "process"
+        assert span.attributes["messaging.destination.name"] == f"{destination}:{queue}"
+        assert span.attributes["messaging.rabbitmq.destination.routing_key"] == "test.other"
+        assert span.attributes["messaging.message.id"] == message_id
+        assert span.attributes["messaging.message.conversation_id"] == "order-42"
+        assert span.context.trace_id == trace_id  # one trace
+        assert span.parent is not None and span.parent.span_id == send.context.span_id
+        linked = {link.attributes["django_rmq_retry.link"]: link.context for link in span.links}
+        assert linked["producer"].span_id == send.context.span_id
+        if previous is None:
+            assert "previous_attempt" not in linked
+        else:
+            assert linked["previous_attempt"].span_id == previous.context.span_id
+        # Failed attempts that later succeed are no error: nobody gets paged.
+        assert span.status.status_code is not StatusCode.ERROR
+        previous = span
+    assert [e.name for e in process[0].events] == ["exception", "retry"]
+    assert process[0].events[1].attributes["django_rmq_retry.retry.delay_seconds"] > 0
+    assert [e.name for e in process[2].events] == []
+    assert process[2].attributes["django_rmq_retry.outcome"] == "ack"
+
+
+def test_a_parked_message_is_the_one_error(rmq, spans):
+    from django.core.management import call_command
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    other.send({"id": 2, "reject": True})
+    run_consumer(rmq, done=1)
+    found = spans.get_finished_spans()
+    print(show(found))
+    (process,) = [s for s in found if s.kind is SpanKind.CONSUMER]
+    assert process.status.status_code is StatusCode.ERROR
+    assert process.attributes["error.type"]
+    (park,) = [e for e in process.events if e.name == "park"]
+    assert park.attributes["django_rmq_retry.park.reason"]
