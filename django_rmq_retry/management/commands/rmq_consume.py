@@ -6,7 +6,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -26,8 +25,6 @@ from django_rmq_retry.hooks import CHILD_DIR_ENV
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
-
-VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
 
 class Command(BaseCommand):
@@ -92,7 +89,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self._configure_logging(options["verbosity"])
         receivers = self._select(options["receivers"])
         if options["list"]:
             self._list(receivers)
@@ -272,16 +268,6 @@ class Command(BaseCommand):
             raise CommandError(f"cannot serve metrics on port {port}: {exc}") from None
 
     # Helpers -----------------------------------------------------------------------------------
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("django_rmq_retry")
-        logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(
-                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-            )
-            logger.addHandler(handler)
-
     def _select(self, wanted: list[str]) -> list[Receiver]:
         if not wanted:
             return default_registry.all()

@@ -3,7 +3,6 @@ not consume (``rmq_consume`` runs the same relay beside its receivers)."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -39,8 +38,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["verbosity"] > 1:
-            logging.getLogger("django_rmq_retry").setLevel(logging.INFO)
         if options["release_held"]:
             released = release_held(OutboxMessage.objects.using(options["database"]).all())
             self.stdout.write(f"released {released} outbox row(s) for new attempts.")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -10,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rmq_retry import parking
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
+from django_rmq_retry.management.progress import Progress
 
 
 class Command(BaseCommand):
@@ -40,20 +40,20 @@ class Command(BaseCommand):
         if total == 0:
             self.stdout.write("Nothing to requeue.")
             return
-        show = not options["no_progress"] and options["verbosity"] >= 1
-        err = sys.stderr
+        bar = Progress(
+            self.stderr,
+            total,
+            label="requeue",
+            enabled=not options["no_progress"] and options["verbosity"] >= 1,
+        )
 
-        def progress(result: parking.RequeueResult) -> None:
-            if not show:
-                return
+        def progress(result: parking.RequeueResult, *, last: bool = False) -> None:
             done = result.requeued + result.failed + result.skipped
-            width = 30
-            filled = int(width * min(done, total) / total)
-            err.write(
-                f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                f"requeued {result.requeued} failed {result.failed}"
-            )
-            err.flush()
+            detail = f"requeued {result.requeued:,} failed {result.failed:,}"
+            if last:
+                bar.close(done, detail)
+            else:
+                bar.update(done, detail)
 
         try:
             result = parking.requeue(
@@ -65,10 +65,9 @@ class Command(BaseCommand):
                 progress=progress,
             )
         except PublishError as exc:
+            bar.close()
             raise CommandError(f"{exc}. Nothing claimed is lost: run the command again.") from None
-        finally:
-            if show:
-                err.write("\n")
+        progress(result, last=True)
         for line in result.errors:
             self.stderr.write(line)
         self.stdout.write(

@@ -1,0 +1,109 @@
+"""What the management commands print, and what they leave alone (the project's logging)."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import OutputWrapper
+
+from django_rmq_retry.management.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# The project owns logging -------------------------------------------------------------------
+@pytest.fixture
+def project_logging():
+    """The app's logger as a project's LOGGING left it; what a command changed is restored
+    after the test (and reported by it)."""
+    logger = logging.getLogger("django_rmq_retry")
+    old_level, old_handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.ERROR)
+    yield logger
+    logger.setLevel(old_level)
+    logger.handlers[:] = old_handlers
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("verbosity", [0, 3])
+def test_rmq_consume_leaves_the_projects_loggers_alone(rmq, project_logging, verbosity):
+    handlers = list(project_logging.handlers)
+    call_command(
+        "rmq_consume", "gamma", max_idle_time=0.2, verbosity=verbosity, stdout=io.StringIO()
+    )
+    assert project_logging.level == logging.ERROR  # -v 3 set DEBUG, -v 0 ERROR before
+    assert project_logging.handlers == handlers
+    assert logging.getLogger("django_rmq_retry.consumer").level == logging.NOTSET
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_rmq_relay_leaves_the_projects_loggers_alone(rmq, project_logging):
+    call_command("rmq_relay", once=True, verbosity=2, stdout=io.StringIO())
+    assert project_logging.level == logging.ERROR  # was forced to INFO at -v 2
+
+
+# Progress -----------------------------------------------------------------------------------
+def test_progress_redraws_in_place_on_a_terminal():
+    term, clock = Terminal(), Clock()
+    bar = Progress(OutputWrapper(term), 1000, label="requeue", clock=clock)
+    for done in range(0, 1001, 100):
+        clock.now += 0.2
+        bar.update(done, f"requeued {done}")
+    bar.close()
+    text = term.getvalue()
+    assert text.count("\r") == 11
+    assert text.endswith("[" + "#" * 30 + "] 1,000/1,000 requeued 1000\n")
+    assert text.count("\n") == 1  # one line, redrawn
+
+
+def test_progress_writes_sparse_lines_elsewhere():
+    """A log file or CI job gets a plain line every ``every`` seconds and the last one,
+    never a carriage return."""
+    log, clock = io.StringIO(), Clock()
+    bar = Progress(OutputWrapper(log), 1000, clock=clock, every=5.0)
+    for done in range(0, 1001, 10):
+        clock.now += 0.1  # 10 s in all
+        bar.update(done)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert 2 <= len(lines) <= 4, lines
+    assert lines[-1] == "1,000/1,000 (100%)"
+
+
+def test_progress_disabled_writes_nothing():
+    term = Terminal()
+    bar = Progress(OutputWrapper(term), 10, enabled=False)
+    bar.update(5)
+    bar.close(10)
+    assert term.getvalue() == ""
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_rmq_requeue_reports_progress_on_its_own_stderr(rmq, capsys):
+    from tests.test_parking import _park_real_failures
+
+    _park_real_failures(rmq, 3)
+    out, err = io.StringIO(), io.StringIO()
+    call_command("rmq_requeue", stdout=out, stderr=err)
+    assert "Requeued 3, failed 0" in out.getvalue()
+    assert err.getvalue().splitlines()[-1] == "requeue 3/3 (100%) requeued 3 failed 0"
+    assert "\r" not in err.getvalue()  # not a terminal: no redrawn bar
+    assert capsys.readouterr().err == ""  # nothing around the command's stream
