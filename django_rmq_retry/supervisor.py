@@ -1,9 +1,11 @@
 """``rmq_consume --processes N``: run N consumer processes and keep them running.
 
 The supervisor never talks to RabbitMQ itself. It starts each consumer as a fresh
-interpreter (``python -m django rmq_consume ...``) rather than forking, so no pika socket,
-thread or database connection is ever shared with a child; database connections of the
-supervisor are closed before every start all the same.
+interpreter rather than forking, so no pika socket, thread or database connection is ever
+shared with a child; database connections of the supervisor are closed before every start
+all the same. A child starts the way the supervisor was started (:func:`entry_point`: the
+project's ``manage.py`` with the same interpreter and options), so what ``manage.py`` does
+before Django starts happens in every child too.
 
 * A child that dies (non-zero exit, killed by a signal) is started again after a backoff
   that doubles while it keeps dying young (0.5 s up to 30 s) and starts over once a child
@@ -58,21 +60,59 @@ class Slot:
     history: list[int] = field(default_factory=list)
 
 
-def consumer_command(args: Sequence[str], settings_module: str | None = None) -> list[str]:
-    """The command line of one child: this interpreter, ``-m django rmq_consume``, ``args``."""
+def entry_point(
+    argv: Sequence[str] | None = None, orig_argv: Sequence[str] | None = None
+) -> list[str] | None:
+    """How this process was started, up to the command's name: the interpreter, its options
+    and the script (``python -X dev manage.py``; ``python -m django``; ``django-admin``).
+
+    A child started the same way runs what the project's ``manage.py`` does before Django
+    starts (``.env`` loading, django-configurations, ``sys.path`` edits), which a bare
+    ``python -m django`` skips. ``None`` when this process is not a command line whose
+    sub-command is ``rmq_consume`` (``call_command`` inside a test or a script): the caller
+    falls back to ``python -m django``.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    orig = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
+    if len(argv) < 2 or argv[1] != "rmq_consume" or len(orig) < len(argv):
+        return None
+    # orig_argv is [interpreter, *its options, script or "-m mod" or "-c code", *argv[1:]]
+    head = orig[: len(orig) - len(argv) + 1]
+    if orig[len(head) :] != argv[1:] or len(head) < 2 or "-c" in head[1:]:
+        return None
+    if head[-2:] != ["-m", "django"] and os.path.isfile(head[-1]):
+        head[-1] = os.path.abspath(head[-1])  # the child may not start in this directory
+    return [sys.executable, *head[1:]]
+
+
+def consumer_command(
+    args: Sequence[str],
+    settings_module: str | None = None,
+    *,
+    entry: Sequence[str] | None = None,
+) -> list[str]:
+    """The command line of one child: ``entry`` (:func:`entry_point`) or, without one, this
+    interpreter with ``-m django``; then ``rmq_consume`` and ``args``. ``--settings`` is added
+    only without ``entry`` (an entry point chooses its settings as it did for the parent)."""
+    if entry:
+        return [*entry, "rmq_consume", *args]
     cmd = [sys.executable, "-m", "django", "rmq_consume", *args]
     if settings_module and not any(a == "--settings" or a.startswith("--settings=") for a in args):
         cmd += ["--settings", settings_module]
     return cmd
 
 
-def child_environment() -> dict[str, str]:
-    """The supervisor's environment, plus the project's root on ``PYTHONPATH``.
+def child_environment(*, project_root: bool = True) -> dict[str, str]:
+    """The supervisor's environment, plus (``project_root``: for ``python -m django``
+    children) the project's root on ``PYTHONPATH``.
 
     ``manage.py`` puts its own directory on ``sys.path``; ``python -m django`` does not,
     so the directory that holds the settings package is added explicitly.
     """
     env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if not project_root:
+        return env
     roots: list[str] = []
     try:
         from django.conf import settings
@@ -83,13 +123,10 @@ def child_environment() -> dict[str, str]:
             roots.append(os.path.dirname(os.path.dirname(os.path.abspath(path))))
     except Exception:  # settings not configured: keep the environment as it is
         logger.debug("could not locate the settings package", exc_info=True)
-    if sys.argv and sys.argv[0].endswith("manage.py"):
-        roots.append(os.path.dirname(os.path.abspath(sys.argv[0])))
     old = env.get("PYTHONPATH")
     parts = [*dict.fromkeys(roots), *([old] if old else [])]
     if parts:
         env["PYTHONPATH"] = os.pathsep.join(parts)
-    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 

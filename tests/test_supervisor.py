@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from tests.conftest import read_log, start_consumer, wait_for
+from tests.conftest import ROOT, Child, read_log, start_consumer, subprocess_env, wait_for
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -113,3 +114,56 @@ def test_processes_must_be_positive(rmq):
 
     with pytest.raises(CommandError, match="at least 1"):
         call_command("rmq_consume", "gamma", processes=0, verbosity=0)
+
+
+# The children's entry point -------------------------------------------------------------------
+def test_entry_point_is_how_the_parent_was_started(monkeypatch):
+    from django_rmq_retry.supervisor import entry_point
+
+    exe = sys.executable
+    argv = ["manage.py", "rmq_consume", "--processes", "2"]
+    orig = ["python3", "-X", "utf8", "manage.py", "rmq_consume", "--processes", "2"]
+    script = str(ROOT / "manage.py")
+    monkeypatch.chdir(ROOT)
+    assert entry_point(argv, orig) == [exe, "-X", "utf8", script]  # absolute: any cwd
+    mod = ["/x/django/__main__.py", "rmq_consume"]
+    assert entry_point(mod, ["python", "-m", "django", "rmq_consume"]) == [exe, "-m", "django"]
+    # Not started as `... rmq_consume`: call_command in a test, `python -c`: no entry point.
+    assert (
+        entry_point(["/venv/bin/pytest", "-k", "x"], ["python", "/venv/bin/pytest", "-k", "x"])
+        is None
+    )
+    assert entry_point(["-c", "rmq_consume"], ["python", "-c", "code", "rmq_consume"]) is None
+
+
+def test_children_start_through_the_projects_manage_py(rmq, tmp_path):
+    """A child runs what the parent's manage.py runs before Django, with the parent's
+    interpreter options: three lines (supervisor + 2 children), each with utf8=1. With
+    ``python -m django`` children the file had one line."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    entry_log = tmp_path / "entry.log"
+    manage = ROOT / "tests" / "supervised" / "manage.py"
+    env = subprocess_env(rmq.prefix, rmq.log, RMQ_TEST_ENTRY_LOG=str(entry_log))
+    env.pop("PYTHONPATH")  # the manage.py puts the project on sys.path, as projects' do
+    proc = Child(
+        [
+            sys.executable,
+            "-X",
+            "utf8",
+            str(manage),
+            "rmq_consume",
+            "gamma",
+            "--processes",
+            "2",
+            "--max-idle-time",
+            "1",
+        ],
+        env,
+        tmp_path / "supervisor.out",
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    lines = entry_log.read_text().splitlines()
+    assert len(lines) == 3, (lines, out)
+    assert {line.split()[0] for line in lines} >= {str(proc.pid)}
+    assert all(line.endswith("utf8=1") for line in lines), lines

@@ -158,7 +158,13 @@ class Command(BaseCommand):
             if options[name]:
                 args.append(f"--{name.replace('_', '-')}")
         args += ["--verbosity", str(options["verbosity"])]
-        env = supervisor.child_environment()
+        for name in ("settings", "pythonpath"):  # Django's own options, as the parent got them
+            if options.get(name):
+                args += [f"--{name}", str(options[name])]
+        if options.get("no_color"):
+            args.append("--no-color")
+        entry = supervisor.entry_point()
+        env = supervisor.child_environment(project_root=entry is None)
         port, health_dir = options["metrics_port"], options["health_dir"]
         directory = None
         if port is not None or health_dir:
@@ -166,7 +172,7 @@ class Command(BaseCommand):
             if port is not None:
                 args += ["--metrics-port", str(port)]  # the children count, we serve
         sup = supervisor.Supervisor(
-            supervisor.consumer_command(args, settings.SETTINGS_MODULE),
+            supervisor.consumer_command(args, settings.SETTINGS_MODULE, entry=entry),
             options["processes"],
             env=env,
         )
