@@ -19,7 +19,7 @@ class SimpleRmqRetryConfig(AppConfig):
 
 
 class RmqRetryConfig(SimpleRmqRetryConfig):
-    """Default: imports ``<app>.consumers`` of every installed app, like admin.autodiscover()."""
+    """Default: imports ``<app>.receivers`` (and ``consumers``) of every installed app, like admin.autodiscover()."""
 
     default = True
 

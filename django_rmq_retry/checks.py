@@ -2,6 +2,9 @@
 
 One function per concern, each returning its messages; :func:`check_settings` (the one
 registered with Django) runs them in order once the settings dict itself could be read.
+Every check carries the tag :data:`TAG` (``manage.py check --tag django_rmq_retry``);
+:func:`check_permissions` runs with ``check --deploy`` only: it states the RabbitMQ
+permissions each kind of process needs.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from django.core import checks
 from .conf import DEFAULTS, RETRY_KEYS, SETTING_NAME, app_settings
 from .core.backoff import Policy
 from .core.delays import DelayLevels
-from .core.topology import QUORUM_DELIVERY_LIMIT
+from .core.topology import QUORUM_DELIVERY_LIMIT, permissions
+from .discovery import LEGACY_MODULE
 
 ID = "django_rmq_retry"
+#: Our checks' tag (not Django's ``compatibility``, which means Django upgrade notes).
+TAG = "django_rmq_retry"
 
 Messages = list[checks.CheckMessage]
 
@@ -50,7 +56,7 @@ def _err(n: int, msg: str, hint: str) -> checks.Error:
     return checks.Error(msg, hint=hint, id=f"{ID}.E{n:03d}")
 
 
-@checks.register(checks.Tags.compatibility)
+@checks.register(TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
     try:
         user = app_settings.user_settings()
@@ -68,6 +74,74 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_reserved_prefix(),
         *_level_ttls(),
         *_landing(),
+        *_declare_on_send(),
+        *_channels_module(),
+    ]
+
+
+@checks.register(TAG, deploy=True)
+def check_permissions(app_configs: Any = None, **kwargs: Any) -> Messages:
+    """The RabbitMQ permissions (configure / write / read regexes on the vhost of
+    BROKER_URL) each kind of process needs under PREFIX: docs/howto/permissions.md."""
+    prefix = app_settings.PREFIX
+    if not isinstance(prefix, str) or not prefix:
+        return []  # E006's
+    lines = [
+        f"{p.role}: configure '{p.configure}' write '{p.write}' read '{p.read}' ({p.why})"
+        for p in permissions(prefix)
+    ]
+    return [
+        checks.Info(
+            "RabbitMQ permissions each process needs under PREFIX "
+            f"{prefix!r}:\n  " + "\n  ".join(lines),
+            hint="rabbitmqctl set_permissions -p <vhost> <user> <configure> <write> <read>; "
+            "see docs/howto/permissions.md.",
+            id=f"{ID}.I001",
+        )
+    ]
+
+
+def _declare_on_send() -> Messages:
+    value = app_settings.DECLARE_ON_SEND
+    if isinstance(value, bool):
+        return []
+    return [
+        _err(
+            15,
+            f"{SETTING_NAME}['DECLARE_ON_SEND'] must be True or False, got {value!r}.",
+            "False (the default): publishers need write permission only; the topology is "
+            "declared by rmq_setup or rmq_consume.",
+        )
+    ]
+
+
+def _channels_module() -> Messages:
+    """Receivers in ``<app>.consumers`` (the module name before 1.0) while Django Channels
+    is installed: the same name holds Channels' consumers, and discovery imports it in
+    every process."""
+    from django.apps import apps
+
+    from .registry import default_registry
+
+    if not apps.is_installed("channels") or app_settings.DISCOVER_MODULE == LEGACY_MODULE:
+        return []
+    found = sorted(
+        {
+            r.func.__module__
+            for r in default_registry.all()
+            if r.func.__module__.rsplit(".", 1)[-1] == LEGACY_MODULE
+        }
+    )
+    if not found:
+        return []
+    return [
+        checks.Warning(
+            f"Receivers are declared in {', '.join(found)}: '{LEGACY_MODULE}' is Django "
+            "Channels' module name too, and discovery imports it in every process.",
+            hint=f"Move them to '{app_settings.DISCOVER_MODULE}.py' (keep their queue= names "
+            "so their queues stay the same).",
+            id=f"{ID}.W002",
+        )
     ]
 
 

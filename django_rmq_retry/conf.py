@@ -89,8 +89,9 @@ DEFAULTS: dict[str, Any] = {
     # Deliveries of one message (redeliveries after crashes included) before it is parked
     # with reason "delivery_limit" instead of being run again.
     "DELIVERY_LIMIT": 5,
-    # Module name looked up in every installed app for receivers.
-    "DISCOVER_MODULE": "consumers",
+    # Module name looked up in every installed app for receivers ("consumers", the name
+    # before 1.0 and Django Channels' too, is still looked up; a check warns with Channels).
+    "DISCOVER_MODULE": "receivers",
     # Seconds a parked-row claim may stay unfinished before another requeue may take it over.
     "REQUEUE_CLAIM_TIMEOUT": 300,
     # Rows per batch for requeue, discard and purge (a requeue of 100,000 rows on PostgreSQL:

@@ -1,5 +1,10 @@
-"""Find receiver modules in every installed app (``consumers.py`` by default), and task
-modules (``tasks.py``) when a ``TASKS`` backend is ours."""
+"""Find receiver modules in every installed app (``receivers.py`` by default), and task
+modules (``tasks.py``) when a ``TASKS`` backend is ours.
+
+``consumers.py``, the default before 1.0, is still imported: it is also the module name of
+Django Channels, so a check (W002) asks to move receivers out of it when Channels is
+installed (their queue names follow the function's dotted path unless ``queue=`` is given).
+"""
 
 from __future__ import annotations
 
@@ -11,15 +16,21 @@ from .conf import app_settings
 #: Where our ``django.tasks`` backend lives (``TASKS[...]["BACKEND"]``).
 TASK_BACKEND_PACKAGE = "django_rmq_retry.tasks"
 
+#: The receiver module name before 1.0, still discovered.
+LEGACY_MODULE = "consumers"
+
 
 def autodiscover() -> None:
-    """Import ``<app>.<DISCOVER_MODULE>`` for every installed app. Idempotent: Python caches
-    imported modules and the registry ignores a function registered twice.
+    """Import ``<app>.<DISCOVER_MODULE>`` (and ``<app>.consumers``) for every installed app.
+    Idempotent: Python caches imported modules and the registry ignores a function
+    registered twice.
 
     With our task backend configured, also ``<app>.tasks``: a task's queue exists (and a
     consumer runs it) once its ``@task`` was imported, as a receiver's once its module was.
     """
     autodiscover_modules(app_settings.DISCOVER_MODULE)
+    if app_settings.DISCOVER_MODULE != LEGACY_MODULE:
+        autodiscover_modules(LEGACY_MODULE)
     if uses_task_backend():
         autodiscover_modules("tasks")
 

@@ -1,5 +1,12 @@
 """Declare a topology plan (``core.topology.plan``) on a channel. Idempotent: safe on every
-start. A queue or exchange that exists with other arguments is named in the error."""
+start. A queue or exchange that exists with other arguments is named in the error.
+
+Least privilege: declaring an exchange or a queue needs RabbitMQ's *configure* permission,
+even when it exists already. A consumer whose user has only read and write (the topology
+declared beforehand by ``manage.py rmq_setup`` as a configure user) gets ``ACCESS_REFUSED``;
+then every exchange and queue is checked passively instead (it must exist) and the bindings
+are made (they need write and read only). A missing one is named with what to run.
+Declares run on a channel of their own, so a refusal never closes the caller's channel."""
 
 from __future__ import annotations
 
@@ -12,30 +19,62 @@ from ..core.topology import Plan
 
 
 def declare(channel: BlockingChannel, the_plan: Plan) -> None:
-    """Declare ``the_plan`` on ``channel``; a mismatch raises :class:`TopologyError`.
+    """Declare ``the_plan`` on ``channel``'s connection; a mismatch raises
+    :class:`TopologyError`. Without configure permission, check it exists (module doc)."""
+    try:
+        _on_own_channel(channel, the_plan, passive=False)
+    except _Refused:
+        _on_own_channel(channel, the_plan, passive=True)
 
-    A failed declare closes the channel (AMQP rules), so the caller must drop it.
-    """
+
+class _Refused(Exception):
+    """The user may not configure (declare) our objects."""
+
+
+def _on_own_channel(channel: BlockingChannel, the_plan: Plan, *, passive: bool) -> None:
+    own = channel.connection.channel()
+    try:
+        _declare(own, the_plan, passive=passive)
+    finally:
+        if own.is_open:
+            own.close()
+
+
+def _declare(channel: BlockingChannel, the_plan: Plan, *, passive: bool) -> None:
     current = ""
     try:
         for name, kind, args in the_plan.exchanges:
             current = f"exchange {name!r}"
-            channel.exchange_declare(name, ExchangeType(kind), durable=True, arguments=args or None)
+            channel.exchange_declare(
+                name, ExchangeType(kind), passive=passive, durable=True, arguments=args or None
+            )
+        for q in the_plan.queues:
+            current = f"queue {q.name!r}"
+            channel.queue_declare(
+                q.name, passive=passive, durable=True, arguments=q.arguments or None
+            )
         for destination, source, key in the_plan.exchange_bindings:
             current = f"binding {source!r} → {destination!r}"
             channel.exchange_bind(destination, source, routing_key=key)
         for q in the_plan.queues:
-            current = f"queue {q.name!r}"
-            channel.queue_declare(q.name, durable=True, arguments=q.arguments or None)
             for b in q.bindings:
+                current = f"binding {b.source!r} → {q.name!r}"
                 channel.queue_bind(
                     q.name, b.source, routing_key=b.routing_key, arguments=b.arguments
                 )
     except pex.ChannelClosedByBroker as exc:
+        if exc.reply_code == 403 and not passive and not current.startswith("binding"):
+            raise _Refused from exc
         if exc.reply_code == 406:
             raise TopologyError(
                 f"{current} already exists with different arguments: {exc.reply_text}. "
                 + _what_to_do(exc.reply_text)
+            ) from exc
+        if exc.reply_code == 404 and passive:
+            raise TopologyError(
+                f"{current} does not exist and this user may not declare it (no configure "
+                "permission): run 'manage.py rmq_setup' as a user that may "
+                "(docs/howto/permissions.md)."
             ) from exc
         raise TopologyError(
             f"declaring {current} failed: {exc.reply_code} {exc.reply_text}"

@@ -18,6 +18,7 @@ in-memory one, and ``rmq_consume --list`` prints it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -160,3 +161,44 @@ def plan(
             args["x-max-priority"] = max_priority
         queues.append(QueueSpec(qname, args, bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """RabbitMQ permissions (regexes, per vhost) a kind of process needs under a prefix."""
+
+    role: str
+    configure: str
+    write: str
+    read: str
+    why: str
+
+
+def permissions(prefix: str) -> list[Permissions]:
+    """What each kind of process needs, least first: every object we own starts with
+    ``<prefix>.``, so one regex per permission covers them."""
+    ours = "^" + re.escape(prefix) + r"\."
+    return [
+        Permissions(
+            "publisher (web and worker processes that send)",
+            "^$",
+            ours,
+            "^$",
+            "publishes to <prefix>.work, and the admin's requeue to <prefix>.deliver",
+        ),
+        Permissions(
+            "consumer (rmq_consume, rmq_relay, rmq_requeue)",
+            "^$",
+            ours,
+            ours,
+            "reads its queues, publishes retry copies, binds its queues (exchanges and "
+            "queues must exist: rmq_setup declared them)",
+        ),
+        Permissions(
+            "setup (rmq_setup in a deploy pipeline; or a consumer that declares itself)",
+            ours,
+            ours,
+            ours,
+            "declares exchanges and queues, binds them",
+        ),
+    ]

@@ -1,0 +1,78 @@
+"""``manage.py rmq_setup``: declare the whole topology, as a deploy step of its own.
+
+Declaring needs RabbitMQ's configure permission; publishers then need write only and
+consumers read and write (docs/howto/permissions.md). Idempotent: run it on every deploy,
+before the new code's consumers and publishers start (a new receiver's queue exists before
+the first message for it is sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_rmq_retry import broker
+from django_rmq_retry.conf import app_settings, broker_urls, current_plan
+from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry.core.topology import Plan
+from django_rmq_retry.registry import Receiver, default_registry
+
+
+class Command(BaseCommand):
+    help = (
+        "Declare every exchange, queue and binding of the receivers (all by default) and the "
+        "retry topology, then exit. Needs configure permission; publishers then need write "
+        "permission only."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("receivers", nargs="*", help="Receiver dotted paths or queue names.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        receivers = self._select(options["receivers"])
+        plan = current_plan(receivers)
+        try:
+            conn = broker.connect()
+        except BrokerUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            conn.channel().declare(plan)
+        except TopologyError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            conn.close()
+        self._report(plan, receivers, options["verbosity"])
+
+    def _select(self, wanted: list[str]) -> list[Receiver]:
+        if not wanted:
+            return default_registry.all()
+        chosen = []
+        for name in wanted:
+            rec = default_registry.find(name, app_settings.PREFIX)
+            if rec is None:
+                known = ", ".join(r.name for r in default_registry.all()) or "none"
+                raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
+            chosen.append(rec)
+        return chosen
+
+    def _report(self, plan: Plan, receivers: list[Receiver], verbosity: int) -> None:
+        """What was declared: every receiver queue always, the rest with -v 2."""
+        out = self.stdout
+        where = ", ".join(broker.mask_url(u) for u in broker_urls())
+        bindings = len(plan.exchange_bindings) + sum(len(q.bindings) for q in plan.queues)
+        for q in plan.queues:
+            if q.receiver is not None:
+                keys = ", ".join(b.routing_key for b in q.bindings if b.routing_key)
+                out.write(f"queue {q.name} ← {keys} (receiver {q.receiver})")
+            elif verbosity >= 2:
+                out.write(f"queue {q.name}")
+        if verbosity >= 2:
+            for name, kind, _args in plan.exchanges:
+                out.write(f"exchange {name} ({kind})")
+        out.write(
+            self.style.SUCCESS(
+                f"Declared on {where}: {len(plan.exchanges)} exchanges, {len(plan.queues)} "
+                f"queues ({len(receivers)} receiver queue(s)), {bindings} bindings."
+            )
+        )
