@@ -31,4 +31,4 @@ __all__ = [
     "UnroutableError",
     "receiver",
 ]
-__version__ = "0.1.0"
+__version__ = "1.0.0a1"
