@@ -170,6 +170,100 @@ class ParkedGroupCount(models.Model):
         return f"{self.receiver} · {self.fingerprint} · {self.status}: {self.count}"
 
 
+class OperationState(models.TextChoices):
+    RUNNING = "running", _("Running")
+    PAUSED = "paused", _("Paused")
+    CANCELLED = "cancelled", _("Cancelled")
+    STOPPED = "stopped", _("Stopped at a new failure")
+    DONE = "done", _("Done")
+
+
+class RequeueOperation(models.Model):
+    """A requeue that runs in the background: the consumers' housekeeping thread (or
+    ``manage.py rmq_operations``) advances it a step at a time, never a web request.
+
+    The selection is fixed when the operation is created: one :class:`RequeueItem` per
+    parked row it covers (inserted by one ``INSERT ... SELECT``), so rows parked later do
+    not join. The counters are refreshed at every step from the items, so the admin's
+    progress reads this one row.
+    """
+
+    created_by = models.CharField(_("created by"), max_length=150)
+    created_at = models.DateTimeField(_("created at"))
+    description = models.TextField(_("selection"), blank=True)
+    mode = models.CharField(_("mode"), max_length=12, default="receiver")
+
+    canary = models.PositiveIntegerField(
+        _("canary"), default=0, help_text=_("Send this many first, wait for their outcome.")
+    )
+    ramp = models.BooleanField(_("ramp"), default=False)
+    rate = models.FloatField(_("rate (msg/s)"), null=True, blank=True)
+    stop_on_failure = models.BooleanField(_("stop at the first new failure"), default=True)
+
+    state = models.CharField(
+        _("state"), max_length=12, choices=OperationState.choices, default=OperationState.RUNNING
+    )
+    state_reason = models.TextField(_("state reason"), blank=True)
+    state_changed_by = models.CharField(_("state changed by"), max_length=150, blank=True)
+    updated_at = models.DateTimeField(_("updated at"))
+    #: Steps: the ramp's index, and when the next step may send (the rate's clock).
+    step = models.PositiveIntegerField(_("step"), default=0)
+    next_at = models.DateTimeField(_("next step at"))
+    #: Which process advances it now (one at a time), and until when that holds.
+    lease_owner = models.CharField(_("lease owner"), max_length=64, blank=True)
+    lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
+    started_sending_at = models.DateTimeField(_("first sent at"), null=True, blank=True)
+    last_sent_at = models.DateTimeField(_("last sent at"), null=True, blank=True)
+
+    total = models.PositiveIntegerField(_("total"), default=0)
+    sent = models.PositiveIntegerField(_("sent"), default=0)
+    handled = models.PositiveIntegerField(_("handled"), default=0)
+    failed_again = models.PositiveIntegerField(_("failed again"), default=0)
+    refused = models.PositiveIntegerField(_("refused by the broker"), default=0)
+    skipped = models.PositiveIntegerField(_("skipped"), default=0)
+
+    class Meta:
+        verbose_name = _("requeue operation")
+        verbose_name_plural = _("requeue operations")
+        ordering = ("-created_at", "-id")
+        indexes = [models.Index(fields=["state", "next_at"], name="rmqr_op_state_next")]
+
+    def __str__(self) -> str:
+        return f"Requeue operation #{self.pk} ({self.get_state_display()})"
+
+
+class ItemState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    SENT = "sent", _("Sent")
+    HANDLED = "handled", _("Handled")
+    FAILED = "failed", _("Failed again")
+    REFUSED = "refused", _("Refused by the broker")
+    SKIPPED = "skipped", _("Skipped (no longer parked)")
+
+
+class RequeueItem(models.Model):
+    """One parked row of an operation's selection, and what became of it."""
+
+    operation = models.ForeignKey(RequeueOperation, on_delete=models.CASCADE, related_name="items")
+    parked_id = models.BigIntegerField(_("parked message"))
+    state = models.CharField(
+        _("state"), max_length=8, choices=ItemState.choices, default=ItemState.PENDING
+    )
+
+    class Meta:
+        verbose_name = _("requeue operation item")
+        verbose_name_plural = _("requeue operation items")
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "parked_id"], name="rmqr_op_item"),
+        ]
+        indexes = [
+            models.Index(fields=["operation", "state", "parked_id"], name="rmqr_op_item_state")
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.parked_id} in operation {self.operation_id}: {self.state}"
+
+
 class RetryPolicy(models.Model):
     """Overrides a receiver's retry policy at run time; consumers pick it up within
     ``POLICY_CACHE_SECONDS`` without a restart."""

@@ -40,7 +40,7 @@ from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
 from ..core.topology import QUORUM_DELIVERY_LIMIT
 from ..core.undecodable import without_headers
 from ..inbox import message_key, run_once
-from ..parking import ParkRequest
+from ..parking import ParkRequest, operations
 from ..policies import policy_cache
 from ..registry import Receiver
 from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
@@ -95,6 +95,8 @@ class Handler:
         self.landing_ms = landing_ms
         self._due_header = names.header("due")
         self._due_us_header = names.header("due-us")
+        self._operation_header = names.header(operations.HEADER)
+        self._parked_id_header = names.header("parked-id")
         self.limits = limits
         self.policy_for = policy_for
         self.clock = clock
@@ -159,6 +161,8 @@ class Handler:
         if error is not None:
             action = self._after_failure(d, rec, env, message, error, start_key)
         else:
+            if self._operation_header in headers:  # a copy a requeue operation waits for
+                operations.report_handled(headers, self._operation_header, self._parked_id_header)
             action = Ack(start_key=start_key) if start_key is not None else HANDLED
         if hooks is not None:
             hooks.attempt_ended(token, error, action)

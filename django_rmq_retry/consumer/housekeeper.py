@@ -22,6 +22,7 @@ from ..outbox.overlap import drain as overlapped
 from ..outbox.relay import WAITING_PAUSE
 from ..parking import group_counts
 from ..threads import start_daemon
+from .operations_runner import OperationsRunner
 
 logger = logging.getLogger("django_rmq_retry.outbox")
 
@@ -51,14 +52,21 @@ class Housekeeper:
         self.held = 0
         self._thread: threading.Thread | None = None
         self._drain = Drain()
+        #: Background requeue operations, stepped on a thread of their own (the relay's
+        #: waits would pace them otherwise).
+        self._operations = None if once else OperationsRunner(stop)
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "rmq-outbox-relay")
+        if self._operations is not None:
+            self._operations.start()
 
     def join(self, timeout: float) -> None:
         relay_wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._operations is not None:
+            self._operations.join(timeout)
 
     def run(self) -> None:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))

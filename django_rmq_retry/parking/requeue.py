@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -143,6 +143,7 @@ def requeue(
     progress: Callable[[RequeueResult], None] | None = None,
     names: Names | None = None,
     deadline: float | None = None,
+    headers: Mapping[str, Any] | None = None,
 ) -> RequeueResult:
     """Requeue the parked rows of ``queryset`` in batches; memory stays flat for any count.
 
@@ -156,10 +157,16 @@ def requeue(
     (it then gets a row of its own), a rollback leaves published rows parked (requeued
     again later), and the claims hold their locks until the end. The admin's views opt
     out of ``ATOMIC_REQUESTS`` for this reason.
+
+    ``headers`` are written over each copy's headers (``None`` removes one): a background
+    operation marks its copies so the consumer can report their outcome.
     """
     if mode not in (MODE_RECEIVER, MODE_TOPIC):
         raise ValueError(f"unknown requeue mode {mode!r}")
     names = names or current_names()
+    # A copy names the background operation that sent it, or none (a stale name from an
+    # earlier operation's copy would report to that operation).
+    headers = {names.header("operation"): None, **(headers or {})}
     batch_size = batch_size or int(app_settings.BATCH_SIZE)
     using = queryset.db
     result = RequeueResult()
@@ -194,7 +201,7 @@ def requeue(
             if chunk.rows:
                 # The marks need no body: only the messages in flight hold one.
                 in_flight.append([row._replace(body=b"") for row in chunk.rows])
-                yield _messages(chunk.rows, mode, names)
+                yield _messages(chunk.rows, mode, names, headers)
                 chunk.rows = []
             elif progress:
                 progress(result)
@@ -427,7 +434,9 @@ class _Marks:
                 self._error = exc
 
 
-def _messages(rows: list[_Stored], mode: str, names: Names) -> list[Outgoing]:
+def _messages(
+    rows: list[_Stored], mode: str, names: Names, headers: Mapping[str, Any] | None = None
+) -> list[Outgoing]:
     """The messages that put ``rows`` back to work (see ``core.envelope.requeue_properties``)."""
     messages = []
     for row in rows:
@@ -441,6 +450,12 @@ def _messages(rows: list[_Stored], mode: str, names: Names) -> list[Outgoing]:
             parked_id=row.pk,
             requeue_count=row.requeue_count + 1,
         )
+        if headers:
+            for key, value in headers.items():
+                if value is None:
+                    props["headers"].pop(key, None)
+                else:
+                    props["headers"][key] = value
         messages.append(broker.Outgoing(exchange, routing_key, bytes(row.body), props))
     return messages
 

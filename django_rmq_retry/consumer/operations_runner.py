@@ -1,0 +1,55 @@
+"""The thread that advances background requeue operations in a consumer process.
+
+Started with the housekeeper (``rmq_consume`` and ``rmq_relay``); ``manage.py
+rmq_operations`` runs the same loop on its own. Several processes may run it: a lease on the
+operation's row lets one of them step it at a time. Idle, it costs one indexed query a
+second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import DatabaseError, close_old_connections
+
+from ..core.errors import PublishError
+from ..parking import operations
+from ..threads import start_daemon
+
+logger = logging.getLogger("django_rmq_retry.operations")
+
+#: Seconds between two looks for a due operation when none is running.
+IDLE_POLL = 1.0
+
+
+class OperationsRunner:
+    """Steps due operations until ``stop`` is set (``once``: until none is running)."""
+
+    def __init__(self, stop: threading.Event, *, once: bool = False, only: int | None = None):
+        self.stop = stop
+        self.once = once
+        self.only = only
+        self.steps = 0
+        self._owner = operations.new_owner()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_daemon(self.run, "rmq-operations")
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.steps += operations.advance_due(owner=self._owner, only=self.only)
+                wait = operations.next_due_in(IDLE_POLL, only=self.only)
+                if self.once and not operations.running(only=self.only):
+                    return
+            except (DatabaseError, PublishError) as exc:
+                logger.warning("requeue operations: %s; retrying", exc)
+                close_old_connections()
+                wait = IDLE_POLL
+            self.stop.wait(wait)
