@@ -174,9 +174,18 @@ class Supervisor:
         self._forwarded = 0
 
     # Signals ------------------------------------------------------------------------------
-    def install_signal_handlers(self) -> Callable[[], None]:
-        """Record SIGTERM/SIGINT; the main loop forwards each to the children."""
-        return on_stop_signals(self._signals.append)
+    def install_signal_handlers(
+        self, on_signal: Callable[[int, int], None] | None = None
+    ) -> Callable[[], None]:
+        """Record SIGTERM/SIGINT; the main loop forwards each to the children.
+        ``on_signal(signum, count)`` is told too (the command's notice to the operator)."""
+
+        def record(signum: int) -> None:
+            self._signals.append(signum)
+            if on_signal is not None:
+                on_signal(signum, len(self._signals))
+
+        return on_stop_signals(record)
 
     @property
     def stopping(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import signal
 
 import pytest
 from django.core.management import call_command
@@ -107,3 +108,45 @@ def test_rmq_requeue_reports_progress_on_its_own_stderr(rmq, capsys):
     assert err.getvalue().splitlines()[-1] == "requeue 3/3 (100%) requeued 3 failed 0"
     assert "\r" not in err.getvalue()  # not a terminal: no redrawn bar
     assert capsys.readouterr().err == ""  # nothing around the command's stream
+
+
+# rmq_consume says what it does --------------------------------------------------------------
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_rmq_consume_announces_what_it_consumes_at_the_default_verbosity(rmq):
+    out = io.StringIO()
+    call_command("rmq_consume", "gamma", max_idle_time=0.2, stdout=out)
+    text = out.getvalue()
+    first = text.splitlines()[0]
+    assert first == (
+        "Consuming 2 queue(s) on amqp://guest:***@127.0.0.1:5672/%2F "
+        "(prefetch 20, 1 thread, 1 process):"
+    ), text
+    assert "  tests.testapp.consumers.gamma <- test.other\n" in text
+    assert f"  {rmq.prefix}.orphans (messages the broker gave up on: parked)" in text
+    assert "Ctrl-C or SIGTERM stops after the running messages finish" in text
+    quiet = io.StringIO()
+    call_command("rmq_consume", "gamma", max_idle_time=0.2, stdout=quiet, verbosity=0)
+    assert "Consuming" not in quiet.getvalue()
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_first_sigint_says_what_it_waits_for_and_how_to_exit_now(rmq):
+    from tests.conftest import read_log, start_consumer, wait_for
+    from tests.testapp.events import other
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    other.send({"id": 1, "sleep": 3})
+    proc = start_consumer(rmq.prefix, rmq.log, "gamma")
+    assert wait_for(lambda: any(e["event"] == "start" for e in read_log(rmq.log)), 60)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert (
+        "SIGINT: stopping, waiting for 1 running message to finish (at most 30 s, "
+        "SHUTDOWN_TIMEOUT); messages not started go back to their queues. Press Ctrl-C again "
+        "(or send SIGINT again) to exit now." in out
+    ), out
+    assert "Stopped: 1 handled" in out

@@ -38,7 +38,7 @@ from .handler import Handler
 from .housekeeper import Housekeeper
 from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
-from .pool import CANCELLED, DaemonPool, Job
+from .pool import CANCELLED, RUNNING, DaemonPool, Job
 from .spare import SpareWindows
 
 logger = logging.getLogger("django_rmq_retry.consumer")
@@ -155,6 +155,10 @@ class Consumer:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def running(self) -> int:
+        """Receivers running now: what a warm stop waits for (the command's stop notice)."""
+        return sum(1 for job in list(self._inflight.values()) if job.state is RUNNING)
 
     def run(self) -> Stats:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))

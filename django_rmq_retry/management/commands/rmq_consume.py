@@ -121,7 +121,8 @@ class Command(BaseCommand):
             consume_orphans=not options["no_orphans"],
             relay=not options["no_relay"],
         )
-        restore = self._install_signal_handlers(consumer)
+        self._announce(consumer, receivers, options)
+        restore = self._install_signal_handlers(consumer, options["verbosity"])
         policy_cache.invalidate()
         # What is alive now (Django, the apps, the receivers' modules) lives as long as the
         # process: frozen, the cyclic collector stops walking it. Unfrozen, a full collection
@@ -179,7 +180,26 @@ class Command(BaseCommand):
         server = None
         if directory is not None:
             server = self._observe_children(directory, sup.pids, port, health_dir)
-        restore = sup.install_signal_handlers()
+        processes = _count(options["processes"], "consumer process", "consumer processes")
+        if options["verbosity"] >= 1:
+            self.stdout.write(
+                f"Starting {processes} (each says what it consumes); a process that dies is "
+                "started again. Ctrl-C or SIGTERM stops them warm; a second one exits at once."
+            )
+
+        def notice(signum: int, count: int) -> None:
+            name = signal.Signals(signum).name
+            if count == 1 and options["verbosity"] >= 1:
+                _say(
+                    self.stdout,
+                    f"{name}: asked the {processes} to stop warm (each finishes its running "
+                    "messages, at most SHUTDOWN_TIMEOUT). Press Ctrl-C again (or send "
+                    f"{name} again) to make them exit now.",
+                )
+            elif count == 2:
+                _say(self.stderr, f"Second {name}: the consumer processes exit now.")
+
+        restore = sup.install_signal_handlers(notice)
         try:
             code = sup.run()
         finally:
@@ -343,19 +363,76 @@ class Command(BaseCommand):
                 f"{names.dead_exchange} → {names.dead_queue} (parked as delivery_limit)"
             )
 
-    def _install_signal_handlers(self, consumer: Consumer) -> Any:
+    def _announce(
+        self, consumer: Consumer, receivers: list[Receiver], options: dict[str, Any]
+    ) -> None:
+        """Say at start what this process consumes, where, and how to stop it (at the
+        default verbosity: a consumer that prints nothing looks hung)."""
+        if options["verbosity"] < 1:
+            return
+        prefix = current_names().prefix
+        parking = current_plan(receivers).parking_queues if not options["no_orphans"] else []
+        urls = ", ".join(broker.mask_url(u) for u in broker_urls())
+        self.stdout.write(
+            f"Consuming {len(receivers) + len(parking)} queue(s) on {urls} "
+            f"(prefetch {consumer.prefetch}, {_count(consumer.threads, 'thread')}, "
+            f"{_count(options['processes'], 'process', 'processes')}):"
+        )
+        for rec in receivers:
+            queue = f" [queue {rec.queue_name(prefix)}]" if options["verbosity"] > 1 else ""
+            self.stdout.write(f"  {rec.name} <- {', '.join(rec.routing_keys)}{queue}")
+        for queue in parking:
+            self.stdout.write(f"  {queue} (messages the broker gave up on: parked)")
+        self.stdout.write(
+            "Ctrl-C or SIGTERM stops after the running messages finish; a second one exits at once."
+        )
+
+    def _install_signal_handlers(self, consumer: Consumer, verbosity: int) -> Any:
         received: list[int] = []
         log = logging.getLogger("django_rmq_retry.consumer")
 
         def handler(signum: int) -> None:
             received.append(signum)
+            name = signal.Signals(signum).name
             if len(received) == 1:
                 consumer.request_stop()  # warm: finish in-flight work, then exit 0
+                if verbosity >= 1:
+                    _say(
+                        self.stdout,
+                        _stop_notice(name, consumer.running(), consumer.shutdown_timeout),
+                    )
             else:
-                log.critical(
-                    "second %s: cold exit; unacked messages return to their queues",
-                    signal.Signals(signum).name,
+                _say(
+                    self.stderr, f"Second {name}: exiting now; unfinished messages are redelivered."
                 )
+                log.critical("second %s: cold exit; unacked messages return to their queues", name)
                 os._exit(128 + signum)
 
         return on_stop_signals(handler)
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _stop_notice(signame: str, running: int, timeout: float) -> str:
+    """What the first SIGTERM/SIGINT waits for, and how not to wait."""
+    if running:
+        waits = (
+            f"waiting for {_count(running, 'running message')} to finish (at most {timeout:g} s, "
+            "SHUTDOWN_TIMEOUT); messages not started go back to their queues"
+        )
+    else:
+        waits = "no message is running; messages not started go back to their queues"
+    return (
+        f"{signame}: stopping, {waits}. Press Ctrl-C again (or send {signame} again) to exit now."
+    )
+
+
+def _say(out: Any, text: str) -> None:
+    """Write from a signal handler: never let a write it interrupted turn into a crash."""
+    try:
+        out.write(text)
+        out.flush()
+    except (RuntimeError, OSError, ValueError):  # reentrant write, closed stream
+        pass
