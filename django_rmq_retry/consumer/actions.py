@@ -66,6 +66,7 @@ class PublishRetry:
     log_line: str
     signal_kwargs: dict[str, Any] = field(default_factory=dict)
     start_key: str | None = None  # the delivery-limit row to delete once the original is acked
+    log_extra: dict[str, Any] | None = None  # the log line's message fields (core.logfields)
 
     def announce(self) -> None:
         """The broker confirmed the copy: log it and send ``message_retried``.
@@ -73,7 +74,7 @@ class PublishRetry:
         Signal handlers are user code of any speed: the consumer calls this from its
         notifier thread, never from the connection's I/O thread.
         """
-        logger.warning(self.log_line)
+        logger.warning(self.log_line, extra=self.log_extra)
         for _receiver, result in signals.message_retried.send_robust(**self.signal_kwargs):
             if isinstance(result, Exception):
                 logger.error("a message_retried signal receiver failed: %r", result)

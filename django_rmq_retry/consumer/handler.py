@@ -34,6 +34,7 @@ from ..core.failure import (
     traceback_text,
 )
 from ..core.header_budget import fit_headers, properties_room, too_large_detail
+from ..core.logfields import current_message, fields, message_fields
 from ..core.message import Message
 from ..core.names import Names
 from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
@@ -139,7 +140,11 @@ class Handler:
             )
         if env.warning:
             logger.warning(
-                "%s: message %s: %s", rec.name, d.properties.get("message_id"), env.warning
+                "%s: message %s: %s",
+                rec.name,
+                d.properties.get("message_id"),
+                env.warning,
+                extra=fields(rec.name, d.queue, d.properties, env.attempt),
             )
         start_key, over_limit = (
             self.limits.check(d, headers)
@@ -154,7 +159,11 @@ class Handler:
         message = self._message(d, rec, env, headers, verdict)
         hooks = self.hooks
         token = hooks.attempt_started(message) if hooks is not None else None
-        error = self.attempt(rec, message)
+        running = current_message.set(message)  # the receiver's log lines name it
+        try:
+            error = self.attempt(rec, message)
+        finally:
+            current_message.reset(running)
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         action: Action
@@ -201,6 +210,7 @@ class Handler:
                     "acked without running the receiver again",
                     rec.name,
                     message.message_id,
+                    extra=message_fields(message),
                 )
         except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
             return exc
@@ -282,6 +292,7 @@ class Handler:
             body=d.body,
             properties=props,
             log_line=log_line,
+            log_extra=message_fields(message),
             signal_kwargs={
                 "sender": rec.name,
                 "message": message,

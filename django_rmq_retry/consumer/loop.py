@@ -31,6 +31,7 @@ from ..conf import app_settings, current_levels, current_names, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.budget import channel_lost, copy_refused
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
+from ..core.logfields import attempt_of, fields
 from ..registry import Receiver
 from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
@@ -501,7 +502,11 @@ class Consumer:
             try:
                 action = job.result()
             except BaseException:  # a bug of ours must not stop the loop: give it back
-                logger.exception("internal error handling delivery %s; releasing it", delivery.tag)
+                logger.exception(
+                    "internal error handling delivery %s; releasing it",
+                    delivery.tag,
+                    extra=self._fields(delivery),
+                )
                 action = Release(cause="an internal error of the consumer")
             if isinstance(action, Ack):
                 self._inflight.pop(delivery.tag, None)
@@ -582,6 +587,7 @@ class Consumer:
                     "returns to its queue",
                     delivery.properties.get("message_id"),
                     why,
+                    extra=self._fields(delivery),
                 )
                 self._limits.note(delivery, copy_refused(why))
                 self._channel.nack(delivery.tag, requeue=True)
@@ -614,6 +620,17 @@ class Consumer:
         """Notifier thread: the original is acked; stop counting it, tell the handlers."""
         self._limits.forget([action.start_key])
         action.announce()
+
+    def _fields(self, delivery: Delivery) -> dict[str, Any]:
+        """The message fields of a log record about ``delivery`` (``core.logfields``)."""
+        rec = delivery.receiver
+        headers = delivery.properties.get("headers")
+        return fields(
+            rec.name if rec is not None else delivery.queue,
+            delivery.queue,
+            delivery.properties,
+            attempt_of(headers, self.names.header("attempt")),
+        )
 
     # Worker side ---------------------------------------------------------------------------
     def _process(self, d: Delivery) -> Action:

@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, co
 from .. import hooks as _hooks
 from ..core.backoff import CappedBackoff
 from ..core.busy import database_busy
+from ..core.logfields import fields
 from ..core.names import Names
 from ..parking import ParkRequest, park, park_many, stripped_request
 from ..threads import start_daemon
@@ -171,6 +172,7 @@ class ParkWriter:
                 job.request.properties.get("message_id"),
                 job.request.receiver,
                 HOLD_MAX_DELAY,
+                extra=request_fields(job.request),
             )
         if not self._held:
             self._held_due = time.monotonic() + self._held_backoff.current
@@ -210,7 +212,9 @@ class ParkWriter:
                     if ok:
                         if retrying:
                             logger.warning(
-                                "parked held message %s", job.request.properties.get("message_id")
+                                "parked held message %s",
+                                job.request.properties.get("message_id"),
+                                extra=request_fields(job.request),
                             )
                         self._on_done(job.token, True)
                     else:
@@ -245,7 +249,7 @@ def commit(
     stored = store([job.request for job in jobs], names, quiet=quiet)
     for job, ok in zip(jobs, stored, strict=True):
         if ok:
-            logger.warning(job.log_line)
+            logger.warning(job.log_line, extra=request_fields(job.request))
     on_stored([job.start_key for job, ok in zip(jobs, stored, strict=True) if ok])
     return stored
 
@@ -284,7 +288,10 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
         refusal: BaseException = exc
     except Exception as exc:  # a bug of ours with this request's data
         logger.exception(
-            "cannot park message %s of %s", req.properties.get("message_id"), req.receiver
+            "cannot park message %s of %s",
+            req.properties.get("message_id"),
+            req.receiver,
+            extra=request_fields(req),
         )
         refusal = exc
     try:
@@ -297,6 +304,7 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
             req.properties.get("message_id"),
             req.receiver,
             " ".join(str(exc).split())[:200],
+            extra=request_fields(req),
         )
         return False
     logger.error(
@@ -305,8 +313,14 @@ def _store_one(req: ParkRequest, names: Names, quiet: bool) -> bool:
         req.properties.get("message_id"),
         req.receiver,
         " ".join(str(refusal).split())[:200],
+        extra=request_fields(req),
     )
     return True
+
+
+def request_fields(req: ParkRequest) -> dict[str, Any]:
+    """The message fields of a log record about the row ``req`` describes."""
+    return fields(req.receiver, req.queue, req.properties, req.attempts)
 
 
 def _cannot_write(exc: DatabaseError) -> bool:
