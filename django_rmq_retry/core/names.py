@@ -95,5 +95,6 @@ OUR_HEADERS: dict[str, str] = {
     "due-us": "When a retry is due: epoch microseconds (the landing waits for it).",
     "requeued": "How many times an operator requeued this message.",
     "parked-id": "The parked row a requeue copy came from.",
+    "operation": "The background requeue operation a requeued copy belongs to (its outcome is reported to it).",
     "prev-span": "With TRACING: the W3C traceparent of the previous attempt's span (the next attempt links to it).",
 }
