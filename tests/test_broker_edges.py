@@ -200,7 +200,8 @@ def test_pump_with_wakes_for_input_on_either_connection(rmq):
         while not confirmed and time.monotonic() - t0 < 20:
             consumer.pump_with(copies, 10.0)
         assert confirmed == [True]
-        assert time.monotonic() - t0 < 5  # not the 10 s limit: the confirm ended the wait
+        # Not the 10 s limit: the confirm ended the wait (9 s: room for a loaded host).
+        assert time.monotonic() - t0 < 9
 
         handed_back: list[float] = []
         threading.Timer(
@@ -209,7 +210,7 @@ def test_pump_with_wakes_for_input_on_either_connection(rmq):
         t0 = time.monotonic()
         while not handed_back and time.monotonic() - t0 < 20:
             consumer.pump_with(copies, 10.0)
-        assert handed_back and handed_back[0] - t0 < 5
+        assert handed_back and handed_back[0] - t0 < 9  # not the 10 s limit either
     finally:
         consumer.close()
         copies.close()

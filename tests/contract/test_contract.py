@@ -234,7 +234,7 @@ def test_the_in_memory_clock_runs_a_long_schedule_at_once(rmq):
         (3, "handled", None),
     ]
     assert runs[-1].at == pytest.approx(7200, abs=1)
-    assert wall < 5, wall
+    assert wall < 60, wall  # virtual time: two hours of delays, not slept (room for a loaded host)
 
 
 def test_outbox_sends_what_committed_only(rmq):
