@@ -45,7 +45,7 @@ POSITIVE = (
     "INBOX_RETENTION_DAYS",
 )
 #: Settings that must be numbers >= 0.
-NON_NEGATIVE = ("PUBLISH_NACK_WAIT", "SPARE_PREFETCH")
+NON_NEGATIVE = ("PUBLISH_NACK_WAIT", "SPARE_PREFETCH", "PARK_LOG_INTERVAL")
 
 
 #: The longest ``x-message-ttl`` RabbitMQ accepts (milliseconds, unsigned 32 bits).

@@ -60,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
     # the topology is declared by `manage.py rmq_setup` (a deploy step) or `rmq_consume` at
     # start. True: today's declare-on-first-send, which needs configure permission everywhere.
     "DECLARE_ON_SEND": False,
+    # A flood of parked messages in the consumer's log: per receiver, the first 10 parks of
+    # each this many seconds get a WARNING line each, the rest one line with their count.
+    # 0 logs every park on its own line.
+    "PARK_LOG_INTERVAL": 10,
     # Seconds a warm shutdown waits for in-flight receivers before it gives up.
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.

@@ -34,8 +34,10 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
 from .. import hooks as _hooks
+from ..conf import app_settings
 from ..core.backoff import CappedBackoff
 from ..core.busy import database_busy
+from ..core.floods import FloodSummary
 from ..core.logfields import fields
 from ..core.names import Names
 from ..parking import ParkRequest, park, park_many, stripped_request
@@ -86,6 +88,8 @@ class ParkWriter:
         self._held_backoff = CappedBackoff(1.0, HOLD_MAX_DELAY)
         self._held_due = 0.0
         self._hooks = _hooks.current  # observability (None: off)
+        #: A flood of parks is told in a few lines (the first of each receiver, then counts).
+        self._flood = FloodSummary(float(app_settings.PARK_LOG_INTERVAL))
         start_daemon(self._loop, "rmq-park-writer")
 
     def submit(self, job: ParkJob) -> None:
@@ -108,6 +112,7 @@ class ParkWriter:
                 # default) a new connection. A connection lost meanwhile is an error
                 # _write retries.
                 close_old_connections()
+                tell_floods(self._flood, everything=True)  # idle: the flood is over
                 return self._queue.get()
         wait = self._held_due - time.monotonic()
         if wait <= 0 or self._stop.is_set():
@@ -148,6 +153,7 @@ class ParkWriter:
 
     def _release_held(self) -> None:
         """Closing: held rows go back to their queues (the delivery limit counts it)."""
+        tell_floods(self._flood, everything=True)
         held, self._held = self._held, []
         for job in held:
             self._on_done(job.token, False)
@@ -186,7 +192,9 @@ class ParkWriter:
             if not batch:
                 return
             try:
-                stored = commit(batch, self._names, self._on_stored, quiet=retrying)
+                stored = commit(
+                    batch, self._names, self._on_stored, quiet=retrying, flood=self._flood
+                )
             except DatabaseError as exc:
                 if not logged:
                     logger.error(
@@ -243,15 +251,32 @@ def commit(
     on_stored: Callable[[list[str | None]], None],
     *,
     quiet: bool = False,
+    flood: FloodSummary | None = None,
 ) -> list[bool]:
-    """Store the jobs' rows (:func:`store`), log each one parked, and report their
-    delivery-limit rows to ``on_stored``; per job, whether its row is stored."""
+    """Store the jobs' rows (:func:`store`), log each one parked (or, in a ``flood``, the
+    first ones and a count), and report their delivery-limit rows to ``on_stored``; per
+    job, whether its row is stored."""
     stored = store([job.request for job in jobs], names, quiet=quiet)
     for job, ok in zip(jobs, stored, strict=True):
-        if ok:
+        if ok and (flood is None or flood.admit(job.request.receiver)):
             logger.warning(job.log_line, extra=request_fields(job.request))
+    if flood is not None:
+        tell_floods(flood)
     on_stored([job.start_key for job, ok in zip(jobs, stored, strict=True) if ok])
     return stored
+
+
+def tell_floods(flood: FloodSummary, *, everything: bool = False) -> None:
+    """Log the parks of a flood not logged one by one (:mod:`core.floods`)."""
+    for summary in flood.due(everything=everything):
+        logger.warning(
+            "parked %s more message(s) of %s in the last %.0f s (not logged one by one: "
+            "RMQ_RETRY['PARK_LOG_INTERVAL'])",
+            f"{summary.count:,}",
+            summary.key,
+            max(summary.seconds, 1.0),
+            extra={"receiver": summary.key, "parked": summary.count},
+        )
 
 
 def store(requests: Sequence[ParkRequest], names: Names, *, quiet: bool = False) -> list[bool]:
