@@ -20,6 +20,12 @@ from prometheus_client.registry import Collector
 
 PREFIX = "django_rmq_retry_"
 
+#: The gauges read from the database by the process that serves a scrape.
+PARKED = PREFIX + "parked_messages"
+OUTBOX = PREFIX + "outbox_messages"
+OUTBOX_AGE = PREFIX + "outbox_oldest_pending_age_seconds"
+DATABASE_METRICS = (PARKED, OUTBOX, OUTBOX_AGE)
+
 #: Seconds of receiver attempts (defaults of prometheus-client, plus the long tail).
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 #: Seconds a retry ran after its due time.
@@ -134,7 +140,7 @@ def database_families(own_thread: bool = True) -> list[GaugeMetricFamily]:
         parked = parked_backlog()
         if parked is not None:
             family = GaugeMetricFamily(
-                PREFIX + "parked_messages",
+                PARKED,
                 "Parked messages by receiver and status (from the kept group counts).",
                 labels=["receiver", "status"],
             )
@@ -143,7 +149,7 @@ def database_families(own_thread: bool = True) -> list[GaugeMetricFamily]:
             families.append(family)
         pending, held, oldest_age = outbox_backlog()
         outbox = GaugeMetricFamily(
-            PREFIX + "outbox_messages",
+            OUTBOX,
             "Outbox rows waiting for the relay, by status (pending, held).",
             labels=["status"],
         )
@@ -152,7 +158,7 @@ def database_families(own_thread: bool = True) -> list[GaugeMetricFamily]:
         families.append(outbox)
         families.append(
             GaugeMetricFamily(
-                PREFIX + "outbox_oldest_pending_age_seconds",
+                OUTBOX_AGE,
                 "Age of the oldest pending outbox row (0: none).",
                 value=oldest_age,
             )
