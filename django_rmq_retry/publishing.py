@@ -1,10 +1,21 @@
-"""Publishing with publisher confirms, one connection per process, safe in threads.
+"""Publishing with publisher confirms: a publisher per thread, one pipeline behind it.
 
-``Topic.send`` lands here. A publish returns only once the broker confirmed it; an
-unroutable message (no queue bound) raises instead of being silently dropped. A connection
-lost mid-publish is replaced and the publish tried once more (at-least-once); a nacked
-message is published again after pauses of up to ``PUBLISH_NACK_WAIT`` seconds in all (see
-:func:`nack_pauses`).
+The public ways to publish are ``Topic.send``, ``Topic.send_many``, ``Topic.send_on_commit``
+and the outbox; they land here. A publish returns only once the broker confirmed it; an
+unroutable message (no queue bound) raises instead of being silently dropped.
+
+Every thread publishes on a connection of its own (:func:`get_publisher`, as Django's
+database connections): a thread waiting out nack pauses on a full queue, a connect to a
+node that does not answer, a relay round or an admin requeue holds up no other thread's
+send. No lock is shared between threads; a thread's publisher is closed when the thread
+ends, and every one at interpreter exit.
+
+One pipeline (``broker.Pipeline``: many confirms in flight) carries every message, a single
+``send`` included, with one reconnect rule (a connection lost mid-publish is replaced and
+what got no answer is published again, once: at-least-once) and one nack rule (a nacked
+message is published again after pauses of up to ``PUBLISH_NACK_WAIT`` seconds in all, see
+:func:`nack_pauses`). The outbox relay's stream (:meth:`Publisher._stream`) neither
+reconnects nor pauses: the relay keeps what got no answer, and backs a nacked row off.
 """
 
 from __future__ import annotations
@@ -15,9 +26,10 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 
@@ -86,34 +98,62 @@ class PublishResult:
     routing_key: str
 
 
+def outgoing(
+    routing_key: str,
+    bodies: Iterable[Any],
+    *,
+    headers: Mapping[str, Any] | None = None,
+    content_type: str | None = None,
+    exchange: str | None = None,
+    **properties: Any,
+) -> list[broker.Outgoing]:
+    """``bodies`` encoded as messages for ``routing_key``; every body is encoded before the
+    first one is sent, so one that is not JSON serialisable publishes nothing."""
+    names = current_names()
+    exchange = exchange if exchange is not None else names.work_exchange
+    items = []
+    for body in bodies:
+        data, ctype = encode_body(body, content_type)
+        props = build_properties(ctype, headers, properties, names)
+        items.append(broker.Outgoing(exchange, routing_key, data, props))
+    return items
+
+
 class Publisher:
-    """A lazily opened, confirm-mode channel guarded by a lock. One per process."""
+    """A lazily opened connection and its confirm pipeline, used by one thread at a time.
+
+    :func:`get_publisher` gives each thread its own. Nothing here is shared between
+    threads, so nothing here holds a lock while it waits (for a confirm, a pause after a
+    nack, a connect): a neighbour never waits behind it.
+
+    The methods are the package's own (``Topic``, the outbox relay, the requeue); users
+    publish through ``Topic.send``, ``send_many``, ``send_on_commit`` and the outbox.
+    """
 
     def __init__(self, url: str | None = None, *, declare: bool | None = None) -> None:
         self._url = url
         #: Declare the whole topology on connecting: ``DECLARE_ON_SEND`` unless given. Off by
         #: default: a publisher needs write permission only (docs/howto/permissions.md).
         self._declare = declare
-        self._lock = threading.RLock()
         self._connection: broker.Connection | None = None
-        self._channel: broker.Channel | None = None
-        #: The pipeline ``publish_many`` pipelines confirms on (opened on first use).
+        #: The confirm pipeline every publish goes through (opened on first use).
         self._pipeline: broker.Pipeline | None = None
         self._pid = os.getpid()
         #: The URL of the connection dropped last: the next connect tries the next URL first.
         self._dropped_url: str | None = None
         self._last_used = 0.0  # time.monotonic() of the last publish on this connection
+        #: :func:`reset_publisher`'s count when :func:`get_publisher` made this one.
+        self._generation = 0
 
     # Connection management ----------------------------------------------------------------
-    def _ensure_channel(self) -> broker.Channel:
+    def _ensure_connection(self) -> broker.Connection:
         if self._pid != os.getpid():  # forked: never share a socket with the parent
-            self._connection = self._channel = self._pipeline = None
+            self._connection = self._pipeline = None
             self._pid = os.getpid()
         now = time.monotonic()
         if (
             self._connection is not None
-            and self._channel is not None
-            and self._channel.is_open
+            and self._connection.is_open
             and now - self._last_used > _IDLE_CHECK_AFTER
         ):
             # Only after a pause: in a busy loop every publish already does I/O on this
@@ -125,24 +165,22 @@ class Publisher:
             except ConnectionLost:
                 self._drop()
         self._last_used = now
-        if self._channel is None or not self._channel.is_open:
+        if self._connection is None or not self._connection.is_open:
             self._drop()
-            self._connection = broker.connect(
+            connection = broker.connect(
                 self._url,
                 after=self._dropped_url,
                 name=f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}",
             )
-            channel = self._connection.channel()
-            channel.confirm_delivery()
+            self._connection = connection
             declare = app_settings.DECLARE_ON_SEND if self._declare is None else self._declare
             if declare:
                 try:
-                    channel.declare(current_plan(default_registry.all()))
-                except TopologyError:
+                    connection.channel().declare(current_plan(default_registry.all()))
+                except (TopologyError, ConnectionLost):
                     self._drop()
                     raise
-            self._channel = channel
-        return self._channel
+        return self._connection
 
     def _retire_pipeline(self) -> None:
         pipe, self._pipeline = self._pipeline, None
@@ -150,15 +188,13 @@ class Publisher:
             pipe.channel.close()
 
     def _drop(self) -> None:
-        conn, self._connection, self._channel = self._connection, None, None
-        self._pipeline = None
+        conn, self._connection, self._pipeline = self._connection, None, None
         if conn is not None:
             self._dropped_url = conn.url
             conn.close()
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        self._drop()
 
     def _reconnecting(
         self,
@@ -190,141 +226,69 @@ class Publisher:
         raise AssertionError("unreachable")
 
     # Publishing ---------------------------------------------------------------------------
-    def publish_raw(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
-    ) -> None:
-        """Publish exactly these bytes and properties; return once confirmed."""
-        with self._lock:
-            try:
-                self._send_until_stored(exchange, routing_key, body, properties)
-            except UnroutableError as exc:
-                raise UnroutableError(
-                    f"no queue is bound for routing key {routing_key!r} on exchange "
-                    f"{exchange!r}: the message was returned, not stored"
-                ) from exc
-            except NackedError as exc:
-                raise NackedError(
-                    f"the broker refused (nacked) the message to {exchange!r}"
-                ) from exc
-            except ChannelClosed as exc:
-                raise PublishError(f"publish to {exchange!r} failed: {exc}") from exc
-
-    def _send_until_stored(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
-    ) -> None:
-        for pause in nack_pauses():
-            try:
-                return self._send(exchange, routing_key, body, properties)
-            except NackedError:
-                logger.warning(
-                    "the broker nacked a message to %r; publishing it again in %.1fs",
-                    exchange,
-                    pause,
-                )
-                _pause(pause)
-        self._send(exchange, routing_key, body, properties)
-
-    def _send(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
-    ) -> None:
-        """The transport's part of :meth:`publish_raw` (``testing`` has its own)."""
-
-        def publish() -> None:
-            self._ensure_channel().publish(exchange, routing_key, body, properties)
-
-        self._reconnecting(publish, lambda exc: PublishError(f"publish failed: {exc}"))
-
-    def publish(
-        self,
-        routing_key: str,
-        body: Any,
-        *,
-        headers: Mapping[str, Any] | None = None,
-        content_type: str | None = None,
-        exchange: str | None = None,
-        **properties: Any,
-    ) -> PublishResult:
-        data, ctype = encode_body(body, content_type)
-        names = current_names()
-        props = build_properties(ctype, headers, properties, names)
-        exchange = exchange if exchange is not None else names.work_exchange
-        self.publish_raw(exchange, routing_key, data, props)
-        return PublishResult(props["message_id"], exchange, routing_key)
-
-    def publish_many(
+    def _send_bodies(
         self,
         routing_key: str,
         bodies: Iterable[Any],
         *,
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
+        exchange: str | None = None,
         **properties: Any,
     ) -> list[PublishResult]:
-        """Publish every body with pipelined confirms; return once the broker confirmed all.
+        """``Topic.send`` and ``send_many``: encode, publish, return once all are confirmed.
 
-        Up to ``BATCH_WINDOW`` messages are in flight at once on a dedicated confirm-mode
-        channel, instead of one round trip per message. Every body is encoded before the
-        first one is sent, so a body that is not JSON serialisable publishes nothing.
-        If any message is nacked, returned as unroutable, or left unconfirmed (channel or
-        connection lost, no answer within the timeout), this raises ``PublishError``
-        (``UnroutableError`` if returns were the only failures). The exception carries
-        ``confirmed`` (the :class:`PublishResult` of every message the broker did confirm)
-        and ``failed`` (the message ids of the others); nothing unconfirmed is ever
-        reported as published.
+        Raises ``PublishError`` (``NackedError``, ``UnroutableError``) unless the broker
+        confirmed every message; it carries ``confirmed`` (the :class:`PublishResult` of
+        each message the broker did confirm) and ``failed`` (the others' message ids).
         """
-        names = current_names()
-        exchange = names.work_exchange
-        items: list[broker.Outgoing] = []
-        for body in bodies:
-            data, ctype = encode_body(body, content_type)
-            props = build_properties(ctype, headers, properties, names)
-            items.append(broker.Outgoing(exchange, routing_key, data, props))
-        if not items:
-            return []
-        with self._lock:
-            self._publish_batch(items)
+        items = outgoing(
+            routing_key,
+            bodies,
+            headers=headers,
+            content_type=content_type,
+            exchange=exchange,
+            **properties,
+        )
+        if items:
+            self._publish(items)
         return [PublishResult(i.message_id, i.exchange, i.routing_key) for i in items]
 
-    def publish_raw_many(
-        self,
-        messages: Sequence[tuple[str, str, bytes, Mapping[str, Any]]],
-        *,
-        window: int = BATCH_WINDOW,
-    ) -> list[bool]:
-        """Publish exact (exchange, routing key, body, properties) messages, pipelined.
+    def _publish(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
+        """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
+        self._answer(items, window)
+        nacked = sum(1 for i in items if i.nacked)
+        returned = sum(1 for i in items if i.returned)
+        if nacked:
+            raise _batch_error(
+                items,
+                f"the broker refused (nacked) {nacked} message(s) to {items[0].exchange!r}"
+                + (f" and returned {returned} as unroutable" if returned else ""),
+                NackedError,
+            )
+        if returned:
+            raise _batch_error(
+                items,
+                f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
+                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
+                UnroutableError,
+            )
 
-        Returns, per message, whether the broker confirmed it (acked and not returned); a
-        nacked or unroutable message is ``False``, not an exception. If the broker cannot be
-        reached (after one reconnect), raises ``PublishError`` whose ``statuses`` attribute
-        has the same per-message answer for what was confirmed before. ``window`` bounds the
-        messages unconfirmed at once, hence the duplicates a lost connection can cause.
-        """
-        items = [broker.Outgoing(ex, rk, body, props) for ex, rk, body, props in messages]
-        try:
-            self.publish_items(items, window)
-        except PublishError as exc:
-            exc.statuses = [i.confirmed for i in items]  # type: ignore[attr-defined]
-            raise
-        return [i.confirmed for i in items]
-
-    def publish_items(self, items: Sequence[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
-        """Publish ``items`` pipelined; each ends with the broker's answer on it.
-
-        A nacked or returned item is an answer (``item.nacked`` / ``item.returned``), not an
-        exception. Raises ``PublishError`` only when some item got no answer (the broker
-        could not be reached after one reconnect, the channel closed, no confirm in time).
-        """
+    def _answered(self, items: Sequence[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
+        """Publish ``items`` until each has its final answer (``item.nacked`` /
+        ``item.returned`` are answers, not exceptions). Raises ``PublishError`` only when
+        some item got none (the broker could not be reached after one reconnect, the
+        channel closed, no confirm in time)."""
         if not items:
             return
-        with self._lock:
-            try:
-                self._publish_batch(list(items), window)
-            except PublishError:
-                if any(i.nacked or i.returned for i in items) and all(i.state for i in items):
-                    return  # every message was answered: the failures are per message
-                raise
+        try:
+            self._answer(list(items), window)
+        except PublishError:
+            if any(i.nacked or i.returned for i in items) and all(i.state for i in items):
+                return  # every message was answered: the failures are per message
+            raise
 
-    def publish_stream(
+    def _stream(
         self, items: Iterable[broker.Outgoing | None], window: int = BATCH_WINDOW
     ) -> list[broker.Outgoing]:
         """Publish ``items`` as the iterable yields them; return them, each answered.
@@ -338,8 +302,7 @@ class Publisher:
         caller keeps the unanswered ones for later).
         """
         sent: list[broker.Outgoing] = []
-        with self._lock:
-            self._send_stream(items, window, sent)
+        self._send_stream(items, window, sent)
         return sent
 
     def _send_stream(
@@ -348,7 +311,7 @@ class Publisher:
         window: int,
         sent: list[broker.Outgoing] | None = None,
     ) -> None:
-        """The transport's part of :meth:`publish_stream` and :meth:`publish_batches`
+        """The transport's part of :meth:`_stream` and :meth:`_batches`
         (``testing`` has its own): ``sent`` (if given) collects what was published."""
         try:
             outcome = self._batch_pipeline().run(items, window, sent)
@@ -370,7 +333,7 @@ class Publisher:
             self._drop()
             raise _stream_error(sent, "the broker did not confirm every message in time")
 
-    def publish_batches(
+    def _batches(
         self,
         batches: Iterable[Batch | None],
         answered: Callable[[Batch], None],
@@ -385,7 +348,7 @@ class Publisher:
         :mod:`.batch_stream`), at most ``most`` batches in flight at once (when given: their
         bodies are memory); ``batches`` may yield ``None`` while it has nothing yet. An
         item ends confirmed, nacked (after :func:`nack_pauses`) or returned, as with
-        :meth:`publish_items`. Raises ``PublishError`` when some item got no answer (the
+        the batches of :meth:`_answered`. Raises ``PublishError`` when some item got no answer (the
         broker could not be reached after one reconnect, the channel closed, no confirm in
         time), after handing back every batch in flight (those items keep state ``""``);
         an exception of the source is raised once what was in flight is answered. One of
@@ -397,53 +360,33 @@ class Publisher:
         refused). A caller with a time budget (the admin's requeue click) is otherwise held
         up to ``PUBLISH_NACK_WAIT`` past it while a cluster node stops.
         """
-        with self._lock:
-            stream = BatchStream(iter(batches), answered, most)
-            idle_failures = 0  # streams in a row that failed before publishing anything
-            while True:
-                try:
-                    self._send_stream(stream.items(), window)
-                    idle_failures = 0
-                except PublishError:
-                    # Dropped or reset already; what got no answer is published again below.
-                    idle_failures = idle_failures + 1 if not stream.published else 0
-                    if idle_failures >= 2:
-                        stream.settle(lambda items: None)
-                        raise
-                stream.settle(lambda items: self._answer(items, window, deadline))
-                if stream.error is not None:
-                    raise stream.error
-                if stream.exhausted:
-                    return
+        stream = BatchStream(iter(batches), answered, most)
+        idle_failures = 0  # streams in a row that failed before publishing anything
+        while True:
+            try:
+                self._send_stream(stream.items(), window)
+                idle_failures = 0
+            except PublishError:
+                # Dropped or reset already; what got no answer is published again below.
+                idle_failures = idle_failures + 1 if not stream.published else 0
+                if idle_failures >= 2:
+                    stream.settle(lambda items: None)
+                    raise
+            stream.settle(lambda items: self._answer(items, window, deadline))
+            if stream.error is not None:
+                raise stream.error
+            if stream.exhausted:
+                return
 
     def _batch_pipeline(self) -> broker.Pipeline:
-        self._ensure_channel()  # (re)connects; also notices a dead connection
-        assert self._connection is not None
+        connection = self._ensure_connection()  # (re)connects; notices a dead connection
         pipe = self._pipeline
-        if pipe is None or not pipe.usable(self._connection):
-            pipe = broker.Pipeline(self._connection)
+        if pipe is None or not pipe.usable(connection):
+            if pipe is not None:
+                self._retire_pipeline()
+            pipe = broker.Pipeline(connection)
             self._pipeline = pipe
         return pipe
-
-    def _publish_batch(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
-        """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
-        self._answer(items, window)
-        nacked = sum(1 for i in items if i.nacked)
-        returned = sum(1 for i in items if i.returned)
-        if nacked:
-            raise _batch_error(
-                items,
-                f"the broker refused (nacked) {nacked} message(s) to {items[0].exchange!r}"
-                + (f" and returned {returned} as unroutable" if returned else ""),
-                PublishError,
-            )
-        if returned:
-            raise _batch_error(
-                items,
-                f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
-                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
-                UnroutableError,
-            )
 
     def _answer(
         self, items: list[broker.Outgoing], window: int, deadline: float | None = None
@@ -528,57 +471,101 @@ def _stream_error(sent: list[broker.Outgoing] | None, text: str) -> PublishError
     return exc
 
 
-_publisher: Any = None
-_publisher_lock = threading.Lock()
+class _Slot:
+    """A thread's publisher, held in :data:`_local`: when the thread ends its slot is
+    dropped, in that thread, and the publisher's connection closed (the broker would log
+    "client unexpectedly closed TCP connection" for a socket left to the garbage collector)."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+
+    def __del__(self) -> None:
+        try:
+            _close_quietly(self.publisher)
+        except Exception:  # interpreter shutdown: the module may be half gone
+            return
 
 
-def get_publisher() -> Publisher:
-    """The process-wide publisher (created on first use; ``testing`` installs its own)."""
-    global _publisher, _closes_at_exit
-    with _publisher_lock:
-        if _publisher is None:
-            _publisher = Publisher()
-            if not _closes_at_exit:
-                atexit.register(_close_at_exit)
-                _closes_at_exit = True
-        return _publisher
-
-
-_closes_at_exit = False
-
-
-def _close_at_exit() -> None:
-    """Close the process's publisher connection when the interpreter exits.
-
-    Without it every process that ever published (a web worker, a management command)
-    leaves by dropping its socket, and the broker logs "client unexpectedly closed TCP
-    connection" for each. A forked child leaves its parent's connection alone: closing it
-    would write on the parent's socket.
-    """
-    publisher = _publisher
-    if not isinstance(publisher, Publisher) or publisher._pid != os.getpid():
+def _close_quietly(publisher: Publisher) -> None:
+    """Close ``publisher`` unless it was made before a fork (its socket is the parent's)."""
+    if publisher._pid != os.getpid():
         return
     try:
         publisher.close()
-    except Exception:  # the broker may be gone already; exit quietly
-        logger.debug("closing the publisher at exit failed", exc_info=True)
+    except Exception:  # the broker may be gone already; close quietly
+        logger.debug("closing a publisher failed", exc_info=True)
+
+
+#: This thread's publisher (``_local.slot``).
+_local = threading.local()
+#: Every thread's publisher, to close at interpreter exit.
+_every: weakref.WeakSet[Publisher] = weakref.WeakSet()
+#: ``testing``'s in-memory publisher while one is installed: every thread's then.
+_installed: Any = None
+#: Bumped by :func:`reset_publisher`: a thread's publisher made before is replaced.
+_generation = 0
+_registry_lock = threading.Lock()  # guards the four above, never held across I/O
+_closes_at_exit = False
+
+
+def get_publisher() -> Publisher:
+    """This thread's publisher (created on first use; ``testing`` installs a shared one).
+
+    One per thread, as Django's database connections: a thread's nack pauses, connects and
+    long batches never hold up another thread's ``send``.
+    """
+    global _closes_at_exit
+    if _installed is not None:
+        return cast(Publisher, _installed)
+    slot: _Slot | None = getattr(_local, "slot", None)
+    if slot is not None and slot.publisher._generation == _generation:
+        return slot.publisher
+    if slot is not None:  # made before a reset (settings changed): replace it
+        _local.slot = None
+    publisher = Publisher()
+    with _registry_lock:
+        publisher._generation = _generation
+        _every.add(publisher)
+        if not _closes_at_exit:
+            atexit.register(_close_at_exit)
+            _closes_at_exit = True
+    _local.slot = _Slot(publisher)
+    return publisher
+
+
+def _close_at_exit() -> None:
+    """Close every thread's publisher connection when the interpreter exits.
+
+    Without it every process that ever published (a web worker, a management command)
+    leaves by dropping its sockets, and the broker logs "client unexpectedly closed TCP
+    connection" for each. A forked child leaves its parent's connections alone: closing
+    them would write on the parent's sockets.
+    """
+    with _registry_lock:
+        publishers = list(_every)
+    for publisher in publishers:
+        _close_quietly(publisher)
 
 
 def install(publisher: Any) -> Any:
-    """Make ``publisher`` the process-wide one; returns the one it replaces (or ``None``).
+    """Make ``publisher`` every thread's; returns the one it replaces (or ``None``).
 
     For ``django_rmq_retry.testing``, whose in-memory broker publishes in place of RabbitMQ.
     """
-    global _publisher
-    with _publisher_lock:
-        previous, _publisher = _publisher, publisher
+    global _installed
+    with _registry_lock:
+        previous, _installed = _installed, publisher
     return previous
 
 
 def reset_publisher() -> None:
-    """Close and forget the process-wide publisher (tests, settings changes, after fork)."""
-    global _publisher
-    with _publisher_lock:
-        if _publisher is not None:
-            _publisher.close()
-        _publisher = None
+    """Close this thread's publisher and have every other thread replace its own at its
+    next publish (tests, settings changes). Another thread's connection is closed by that
+    thread, never under its feet."""
+    global _generation
+    with _registry_lock:
+        _generation += 1
+    slot: _Slot | None = getattr(_local, "slot", None)
+    _local.slot = None
+    if slot is not None:
+        _close_quietly(slot.publisher)

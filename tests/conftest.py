@@ -257,7 +257,7 @@ class ConfirmAll:
         self.sent: list[tuple[str, str, bytes, Any]] = []
         self.waits = 0
 
-    def publish_batches(self, batches, answered, window=0, most=None, deadline=None):
+    def _batches(self, batches, answered, window=0, most=None, deadline=None):
         for batch in batches:
             if batch is None:
                 self.waits += 1

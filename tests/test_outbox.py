@@ -346,7 +346,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
         publisher = get_publisher()
 
         class CutAfter150:
-            def publish_stream(self, items):
+            def _stream(self, items):
                 def cut():
                     for n, item in enumerate(items):
                         if n == 150:  # the first 150 sent and confirmed, then the cut
@@ -358,7 +358,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
                             sock.shutdown(socket.SHUT_RDWR)
                         yield item
 
-                return publisher.publish_stream(cut())
+                return publisher._stream(cut())
 
         with pytest.raises(PublishError):
             publish_pending(publisher=CutAfter150())

@@ -395,13 +395,13 @@ class FailingAfter:
         self.n = n
         self.real = get_publisher()
 
-    def publish_batches(self, batches, answered, window=200, most=None, deadline=None):
+    def _batches(self, batches, answered, window=200, most=None, deadline=None):
         for batch in batches:
             if batch is None:
                 continue
             ok_part, self.n = batch[: self.n], max(0, self.n - len(batch))
             if ok_part:
-                self.real.publish_items(ok_part, window=window)
+                self.real._answered(ok_part, window=window)
             answered(batch)
             if len(ok_part) < len(batch):
                 raise PublishError("publish failed: connection lost (injected)")

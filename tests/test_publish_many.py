@@ -1,4 +1,4 @@
-"""``Topic.send_many`` / ``Publisher.publish_many``: pipelined confirms, counted on the broker.
+"""``Topic.send_many`` (and ``send``): one pipeline: pipelined confirms, counted on the broker.
 
 Every test counts what actually reached the queues: a batch that reports success must have
 stored every message, and a batch that fails must say exactly which messages were confirmed.
@@ -55,7 +55,7 @@ def test_empty_batch_publishes_nothing(rmq):
 def test_unroutable_batch_raises_and_confirms_nothing(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     with pytest.raises(UnroutableError) as info:
-        get_publisher().publish_many("nobody.listens", [{"id": i} for i in range(30)])
+        get_publisher()._send_bodies("nobody.listens", [{"id": i} for i in range(30)])
     assert info.value.confirmed == []
     assert len(info.value.failed) == 30
     assert "30 message(s) were returned" in str(info.value)
@@ -68,16 +68,15 @@ def test_unroutable_messages_inside_a_batch_are_the_ones_reported(rmq):
     """Returns are matched to their own message, even interleaved with routable ones."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     publisher = get_publisher()
-    with publisher._lock:
-        publisher._ensure_channel()
+    publisher._ensure_connection()
     exchange = rmq.names.work_exchange
     items = []
     for i in range(40):
         key = "test.other" if i % 3 else "nobody.listens"
         props = {"message_id": f"m{i}", "delivery_mode": 2}
         items.append(Outgoing(exchange, key, b"{}", props))
-    with pytest.raises(UnroutableError) as info, publisher._lock:
-        publisher._publish_batch(items)
+    with pytest.raises(UnroutableError) as info:
+        publisher._publish(items)
     unroutable = {f"m{i}" for i in range(40) if i % 3 == 0}
     assert set(info.value.failed) == unroutable
     assert {r.message_id for r in info.value.confirmed} == {f"m{i}" for i in range(40)} - unroutable
@@ -103,7 +102,7 @@ def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq, settin
     queue = _bounded_queue(rmq, 7)
     try:
         with pytest.raises(PublishError) as info:
-            get_publisher().publish_many("bounded.key", [{"id": i} for i in range(25)])
+            get_publisher()._send_bodies("bounded.key", [{"id": i} for i in range(25)])
         assert not isinstance(info.value, UnroutableError)
         assert "nacked" in str(info.value)
         assert len(info.value.confirmed) == 7
@@ -117,8 +116,7 @@ def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq, settin
 def test_missing_exchange_raises_and_the_publisher_recovers(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     publisher = get_publisher()
-    with publisher._lock:
-        publisher._ensure_channel()  # connects and declares now
+    publisher._ensure_connection()  # connects and declares now
     rmq.ch().exchange_delete(rmq.names.work_exchange)
     with pytest.raises(PublishError) as info:
         work.send_many([{"id": i} for i in range(5)])
@@ -162,10 +160,10 @@ def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch)
 
     monkeypatch.setattr(publishing, "_pause", make_room)
     try:
-        publisher.publish_many("bounded.key", [{"id": i} for i in range(3)])  # fills it
-        single = publisher.publish("bounded.key", {"id": "single"})
+        publisher._send_bodies("bounded.key", [{"id": i} for i in range(3)])  # fills it
+        single = publisher._send_bodies("bounded.key", [{"id": "single"}])[0]
         assert len(drained) == 3  # one pause: the queue was full once
-        batch = publisher.publish_many("bounded.key", [{"id": i} for i in range(3, 8)])
+        batch = publisher._send_bodies("bounded.key", [{"id": i} for i in range(3, 8)])
         stored = _ids(drained) + _ids(rmq.get_all(queue))
         expected = [single.message_id, *(r.message_id for r in batch)]
         assert sorted(stored[3:]) == sorted(expected)  # each once, none lost
@@ -182,9 +180,9 @@ def test_a_nack_that_lasts_raises_after_the_bounded_pauses(rmq, monkeypatch):
     pauses: list[float] = []
     monkeypatch.setattr(publishing, "_pause", pauses.append)
     try:
-        first = get_publisher().publish("bounded.key", {"id": 0})
+        first = get_publisher()._send_bodies("bounded.key", [{"id": 0}])[0]
         with pytest.raises(NackedError):
-            get_publisher().publish("bounded.key", {"id": 1})
+            get_publisher()._send_bodies("bounded.key", [{"id": 1}])[0]
         assert pauses == list(publishing.nack_pauses())
         assert sum(pauses) == pytest.approx(app_settings.PUBLISH_NACK_WAIT)
         assert _ids(rmq.get_all(queue)) == [first.message_id]
@@ -197,10 +195,10 @@ def test_the_wait_for_a_nack_to_pass_is_a_setting_and_really_waited(rmq, setting
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 1)
     try:
-        first = get_publisher().publish("bounded.key", {"id": 0})
+        first = get_publisher()._send_bodies("bounded.key", [{"id": 0}])[0]
         t0 = time.monotonic()
         with pytest.raises(NackedError):
-            get_publisher().publish("bounded.key", {"id": 1})
+            get_publisher()._send_bodies("bounded.key", [{"id": 1}])[0]
         waited = time.monotonic() - t0
         # Pauses of 0.5 s and 1 s, three publishes refused: counted, and really waited (a
         # lower bound only: a loaded host may take longer, never shorter).

@@ -304,7 +304,7 @@ def drain(
         worker.start()
     unreachable: PublishError | None = None
     try:
-        (publisher or get_publisher()).publish_stream(overlap.stream())
+        (publisher or get_publisher())._stream(overlap.stream())
     except PublishError as exc:
         unreachable = exc
     finally:

@@ -167,7 +167,7 @@ def publish_pending(
         unreachable: PublishError | None = None
         stream = outgoing()
         try:
-            sent = (publisher or get_publisher()).publish_stream(stream)
+            sent = (publisher or get_publisher())._stream(stream)
         except PublishError as exc:  # rows without an answer stay as they are
             unreachable = exc
             sent = getattr(exc, "sent", [])

@@ -34,7 +34,6 @@ from ..consumer.handler import Handler
 from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
 from ..core.envelope import read_incoming
-from ..core.errors import UnroutableError
 from ..outbox import publish_all, rows_written
 from ..policies import policy_cache
 from ..publishing import Publisher, install
@@ -297,12 +296,6 @@ class _MemoryPublisher(Publisher):
         super().__init__(declare=False)
         self._broker = broker
 
-    def _send(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
-    ) -> None:
-        if not self._broker._sent(exchange, routing_key, body, properties):
-            raise UnroutableError("the message was returned as unroutable")
-
     def _send_batch(self, items: list[Any], window: int) -> None:
         for item in items:
             item.returned = not self._broker._sent(
@@ -314,7 +307,7 @@ class _MemoryPublisher(Publisher):
         self, items: Iterable[Any], window: int, sent: list[Any] | None = None
     ) -> None:
         for item in items:  # each answered at once: a lazy source may wait for answers
-            if item is not None:  # None: "nothing yet" (see Publisher.publish_stream)
+            if item is not None:  # None: "nothing yet" (see Publisher._stream)
                 self._send_batch([item], window)
                 if sent is not None:
                     sent.append(item)

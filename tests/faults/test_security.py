@@ -20,6 +20,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from django_rmq_retry.broker import Outgoing
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.publishing import Publisher
 from tests.conftest import ROOT, read_log, subprocess_env, wait_for
@@ -90,7 +91,9 @@ def test_password_never_in_exceptions_or_logs(rmq, where):
     try:
         publisher = Publisher(URLS[where], declare=False)
         with pytest.raises(PublishError) as info:
-            publisher.publish_raw("", "nowhere", b"{}", {"content_type": "application/json"})
+            publisher._publish(
+                [Outgoing("", "nowhere", b"{}", {"content_type": "application/json"})]
+            )
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
