@@ -6,6 +6,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from .. import broker
 from ..conf import app_settings, current_levels, current_names
 from ..core.delays import epoch_us, route
 from ..core.envelope import build_properties
@@ -47,4 +48,4 @@ def publish_deferred(
         }
     )
     props["headers"] = headers
-    get_publisher().publish_raw(way.exchange, way.routing_key, data, props)
+    get_publisher()._publish([broker.Outgoing(way.exchange, way.routing_key, data, props)])
