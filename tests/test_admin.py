@@ -149,13 +149,19 @@ def test_each_action_needs_its_own_permission(client):
     client.force_login(operator("requeue_parkedmessage", username="requeuer"))
     assert action_names(client.get(changelist_url())) == {
         "requeue_selected",
+        "requeue_in_background",
         "republish_to_topic",
     }
     client.force_login(operator("discard_parkedmessage", username="discarder"))
     assert action_names(client.get(changelist_url())) == {"discard_selected"}
     client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
     names = action_names(client.get(changelist_url()))
-    assert names == {"requeue_selected", "republish_to_topic", "discard_selected"}
+    assert names == {
+        "requeue_selected",
+        "requeue_in_background",
+        "republish_to_topic",
+        "discard_selected",
+    }
     assert "delete_selected" not in names
 
 

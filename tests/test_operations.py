@@ -144,3 +144,34 @@ def test_stops_at_the_first_new_failure_and_the_rest_stays_parked(rmq):
     handled = handled_ids(rmq)
     assert set(handled.values()) == {1} and 12 not in handled
     assert len(handled) == op.handled
+
+
+def test_rmq_requeue_runs_an_operation_with_the_same_options(rmq):
+    from io import StringIO
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    park_rows(rmq, [{"id": i} for i in range(20)])
+    child = start_consumer(rmq.prefix, rmq.log, "alpha", "--no-relay")  # steps nothing
+    out, err = StringIO(), StringIO()
+    try:
+        call_command(
+            "rmq_requeue",
+            "--canary",
+            "2",
+            "--rate",
+            "50",
+            "--ramp",
+            "--stop-on-failure",
+            stdout=out,
+            stderr=err,
+        )
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=60)
+    op = RequeueOperation.objects.get()
+    assert (op.canary, op.rate, op.ramp, op.stop_on_failure) == (2, 50.0, True, True)
+    assert op.state == OperationState.DONE and op.handled == 20
+    assert f"Requeue operation #{op.pk}: 20 message(s)." in out.getvalue()
+    assert "Done: 20 handled" in out.getvalue()
+    assert "operation #" in err.getvalue()  # the progress report, on the command's stderr
+    assert handled_ids(rmq) == Counter(range(20))

@@ -16,12 +16,14 @@ from .. import admin_outbox  # noqa: F401  (the outbox's admin registers itself)
 from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
 from .parked import ParkedMessageAdmin
 from .policies import RetryPolicyAdmin, RetryPolicyForm
+from .progress import RequeueOperationAdmin
 
 __all__ = [
     "COUNT_CAP",
     "CappedPaginator",
     "IndexedValuesFilter",
     "ParkedMessageAdmin",
+    "RequeueOperationAdmin",
     "RetryPolicyAdmin",
     "RetryPolicyForm",
 ]

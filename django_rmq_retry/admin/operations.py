@@ -24,9 +24,11 @@ from django.views.decorators.http import require_POST
 from .. import parking
 from ..core.errors import RmqRetryError
 from ..models import ParkedMessage, ParkedStatus
+from ..parking import operations
 from ..registry import default_registry
 from .changelist import COUNT_CAP, _capped_count
 from .common import _filter_description, _outside_request_transactions, logger
+from .progress import OperationForm
 
 
 class OperationsMixin(admin.ModelAdmin):
@@ -80,6 +82,56 @@ class OperationsMixin(admin.ModelAdmin):
             "filters": _filter_description(request),
         }
         return TemplateResponse(request, "django_rmq_retry/admin/republish_confirm.html", context)
+
+    @admin.action(
+        description=_("Requeue selected in the background (canary, ramp, rate)…"),
+        permissions=["requeue"],
+    )
+    def requeue_in_background(
+        self, request: HttpRequest, queryset: QuerySet[ParkedMessage]
+    ) -> TemplateResponse | HttpResponseRedirect:
+        """Ask for the options, then start an operation the consumers run (not this request)."""
+        form = OperationForm(request.POST if request.POST.get("confirm") == "yes" else None)
+        if form.is_bound and form.is_valid():
+            options = form.cleaned_data
+            op = operations.create(
+                queryset,
+                user=request.user.get_username(),
+                description=_filter_description(request),
+                canary=options["canary"] or 0,
+                ramp=options["ramp"],
+                rate=options["rate"],
+                stop_on_failure=options["stop_on_failure"],
+            )
+            self._log(request, queryset, f"Started requeue operation #{op.pk} ({op.total} rows).")
+            self.message_user(
+                request,
+                ngettext(
+                    "Requeue operation #%(id)d started for %(count)d message.",
+                    "Requeue operation #%(id)d started for %(count)d messages.",
+                    op.total,
+                )
+                % {"id": op.pk, "count": op.total},
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(
+                reverse(
+                    f"{self.admin_site.name}:django_rmq_retry_requeueoperation_change",
+                    args=[op.pk],
+                )
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Requeue in the background"),
+            "form": form if form.is_bound else OperationForm(),
+            "count": _capped_count(queryset.filter(status=ParkedStatus.PARKED), COUNT_CAP),
+            "action": "requeue_in_background",
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "filters": _filter_description(request),
+        }
+        return TemplateResponse(request, "django_rmq_retry/admin/operation_start.html", context)
 
     @admin.action(description=_("Discard selected"), permissions=["discard"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:

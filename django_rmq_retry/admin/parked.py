@@ -58,7 +58,12 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, OperationsMixin, Dashboar
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # "Show counts" counted every filter's every value
-    actions = ("requeue_selected", "republish_to_topic", "discard_selected")
+    actions = (
+        "requeue_selected",
+        "requeue_in_background",
+        "republish_to_topic",
+        "discard_selected",
+    )
     change_list_template = "django_rmq_retry/admin/parkedmessage_change_list.html"
     change_form_template = "django_rmq_retry/admin/parkedmessage_change_form.html"
 

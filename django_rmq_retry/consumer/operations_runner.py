@@ -41,6 +41,9 @@ class OperationsRunner:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def run(self) -> None:
         while not self.stop.is_set():
             try:

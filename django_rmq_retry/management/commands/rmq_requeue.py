@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import parking
+from django_rmq_retry.consumer.operations_runner import OperationsRunner
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
 from django_rmq_retry.management.progress import Progress
+from django_rmq_retry.models import OperationState
+from django_rmq_retry.parking import operations
 
 
 class Command(BaseCommand):
@@ -27,6 +31,32 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, help="Requeue at most this many rows.")
         parser.add_argument("--batch-size", type=int, help="Rows per batch (default: BATCH_SIZE).")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+        group = parser.add_argument_group(
+            "background operation",
+            "Any of these makes the requeue an operation (as the admin's background requeue): "
+            "this command steps it and shows its progress; running consumers step it too. "
+            "Ctrl-C pauses it (resume it in the admin or with rmq_operations --resume).",
+        )
+        group.add_argument(
+            "--canary",
+            type=int,
+            metavar="N",
+            help="Send N first; go on once each is handled (stop if one fails again).",
+        )
+        group.add_argument("--rate", type=float, metavar="R", help="At most R messages a second.")
+        group.add_argument(
+            "--ramp", action="store_true", help="Batches of 1, 5, 20, 100, 500, each awaited."
+        )
+        group.add_argument(
+            "--stop-on-failure",
+            action="store_true",
+            help="Stop at the first requeued message that fails again (the rest stays parked).",
+        )
+        group.add_argument(
+            "--detach",
+            action="store_true",
+            help="Only create the operation; the consumers (or rmq_operations) run it.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -39,6 +69,12 @@ class Command(BaseCommand):
             return
         if total == 0:
             self.stdout.write("Nothing to requeue.")
+            return
+        if (
+            any((options["canary"], options["rate"], options["ramp"], options["stop_on_failure"]))
+            or options["detach"]
+        ):
+            self._operation(qs, options)
             return
         bar = Progress(
             self.stderr,
@@ -80,3 +116,59 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{result.failed} message(s) could not be requeued; they stay parked."
             )
+
+    def _operation(self, qs: Any, options: dict[str, Any]) -> None:
+        """Create an operation, then step it here until it settles (or Ctrl-C pauses it)."""
+        try:
+            op = operations.create(
+                qs,
+                user="cli",
+                description="manage.py rmq_requeue",
+                mode=parking.MODE_TOPIC if options["to_topic"] else parking.MODE_RECEIVER,
+                canary=options["canary"] or 0,
+                ramp=options["ramp"],
+                rate=options["rate"],
+                stop_on_failure=options["stop_on_failure"],
+                limit=options["limit"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"Requeue operation #{op.pk}: {op.total} message(s).")
+        if options["detach"]:
+            self.stdout.write("Detached: running consumers (or rmq_operations) will send them.")
+            return
+        bar = Progress(
+            self.stderr,
+            op.total,
+            label=f"operation #{op.pk}",
+            enabled=not options["no_progress"] and options["verbosity"] >= 1,
+        )
+        stop = threading.Event()
+        runner = OperationsRunner(stop, once=True, only=op.pk)
+        runner.start()
+        try:
+            while runner.alive():
+                runner.join(0.2)
+                op.refresh_from_db()
+                p = operations.progress(op)
+                bar.update(
+                    p.sent,
+                    f"handled {p.handled:,} failed again {p.failed_again:,} left {p.left:,}",
+                )
+        except KeyboardInterrupt:
+            stop.set()
+            operations.pause(op.pk, "cli")
+            bar.close()
+            raise CommandError(
+                f"Operation #{op.pk} paused; resume it in the admin or with "
+                f"`manage.py rmq_operations --resume {op.pk}`."
+            ) from None
+        op.refresh_from_db()
+        p = operations.progress(op)
+        bar.close(p.sent, f"handled {p.handled:,} failed again {p.failed_again:,}")
+        rate = f", {p.achieved_rate} msg/s" if p.achieved_rate else ""
+        line = f"{op.get_state_display()}: {op.state_reason} (sent {p.sent}{rate})"
+        if op.state == OperationState.DONE:
+            self.stdout.write(self.style.SUCCESS(line))
+        else:
+            raise CommandError(line)
