@@ -1,4 +1,4 @@
-"""Queued frames leave joined (``broker.writes``): fewer system calls, the same bytes.
+"""Queued frames leave joined (``broker.pikaext``): fewer system calls, the same bytes.
 
 The joining rewrites pika's outgoing queue, so what reaches the broker is checked byte for
 byte, with bodies far above the joining cap (partial sends of big pieces) among small ones.
@@ -11,7 +11,7 @@ import collections
 import pytest
 from django.core.management import call_command
 
-from django_rmq_retry.broker.writes import JOIN_LIMIT, _join
+from django_rmq_retry.broker.pikaext import JOIN_LIMIT, join
 from django_rmq_retry.publishing import get_publisher
 from tests.testapp.events import other
 
@@ -21,7 +21,7 @@ def test_join_keeps_the_bytes_in_order_in_capped_pieces():
         [b"a" * 10, b"b" * (JOIN_LIMIT - 5), b"c" * 3, b"d" * (3 * JOIN_LIMIT), b"e", b"f" * 7]
     )
     before = b"".join(frames)
-    _join(frames)
+    join(frames)
     assert b"".join(frames) == before
     assert len(frames) == 4  # a+b | c | d (alone: larger than the cap) | e+f
     assert all(len(piece) <= JOIN_LIMIT for piece in frames if piece[:1] != b"d")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .confirms import BatchOutcome, ConfirmChannel, Outgoing, Pipeline, settled_reason
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
+    from .pikaext import log_features
     from .wire import Encoded, decode_properties, encode_properties
 
 #: Each public name and the module that defines it.
@@ -37,6 +38,7 @@ _WHERE = {
     "Encoded": "wire",
     "decode_properties": "wire",
     "encode_properties": "wire",
+    "log_features": "pikaext",
 }
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "connection_parameters",
     "decode_properties",
     "encode_properties",
+    "log_features",
     "mask_url",
     "settled_reason",
 ]

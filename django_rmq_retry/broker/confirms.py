@@ -20,7 +20,7 @@ from typing import Any
 from ..core.errors import ConnectionLost
 from .connection import Connection
 from .errors import LOST, describe
-from .frames import FrameWriter
+from .pikaext import FrameWriter, async_channel
 from .wire import Encoded, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")
@@ -48,7 +48,7 @@ class ConfirmChannel:
         self.connection = connection
         try:
             # pika has no public handle on a blocking channel's asynchronous twin.
-            self.impl = connection.raw.channel()._impl  # type: ignore[attr-defined]
+            self.impl = async_channel(connection.raw.channel())
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
         self.next_tag = 1

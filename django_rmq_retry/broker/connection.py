@@ -18,7 +18,6 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as pex
-from pika.adapters.select_connection import PollEvents
 
 from ..conf import app_settings, broker_urls
 from ..core.envelope import PROPERTY_NAMES
@@ -26,11 +25,9 @@ from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
 from ..core.failover import connect_order
 from ..core.topology import Plan
 from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
-from . import headerguard
-from .deliveries import DeliveryReader, read_deliveries
+from . import headerguard, pikaext
 from .errors import LOST, describe, translated
 from .topology import declare
-from .writes import join_queued_frames
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
@@ -215,9 +212,8 @@ class Connection:
         self.raw = raw
         self.url = url
         self.frame_max = frame_max
-        join_queued_frames(raw)
-        self._reader: DeliveryReader | None = None
-        self._reading = False  # whether read_deliveries was tried (once per connection)
+        pikaext.join_queued_frames(raw)  # fewer send() calls; off, pika's own writes
+        pikaext.idle_state(raw)  # whether pump_with can wait on two connections at once
 
     @property
     def is_open(self) -> bool:
@@ -225,16 +221,7 @@ class Connection:
 
     def channel(self) -> Channel:
         with _io():
-            return Channel(self.raw.channel(), self._read_deliveries)
-
-    def _read_deliveries(self, channel_number: int) -> None:
-        """Deliveries of this channel skip pika's general frame path (``deliveries``); the
-        reader takes over the connection's input at its first consumer."""
-        if not self._reading:
-            self._reading = True
-            self._reader = read_deliveries(self.raw)
-        if self._reader is not None:
-            self._reader.watch(channel_number)
+            return Channel(self.raw.channel())
 
     def pump(self, seconds: float) -> None:
         """Run the I/O loop (and every callback due) for up to ``seconds``."""
@@ -306,23 +293,15 @@ class Connection:
 
 
 def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None:
-    """What pika's I/O loop would wait on: the file descriptors it reads (its socket, its
-    thread-safe wake-up) and the seconds to its next callback or timer (None: none); None
-    if this pika keeps them elsewhere."""
-    try:
-        ioloop = connection.raw._impl.ioloop  # type: ignore[attr-defined]
-        fds = list(ioloop._poller._fd_events[PollEvents.READ])
-        return fds, ioloop._get_remaining_interval()
-    except (AttributeError, KeyError, TypeError):
-        return None
+    """What the connection's I/O loop would wait on (``pikaext.idle_state``), or None."""
+    return pikaext.idle_state(connection.raw)
 
 
 class Channel:
     """A channel of a :class:`Connection`: declare, consume, settle, publish."""
 
-    def __init__(self, raw: Any, on_consume: Callable[[int], None] | None = None) -> None:
+    def __init__(self, raw: Any) -> None:
         self.raw = raw
-        self._on_consume = on_consume
 
     @property
     def is_open(self) -> bool:
@@ -331,7 +310,7 @@ class Channel:
     @property
     def close_reason(self) -> str:
         """Why the channel closed (the broker's reply code and text, when it closed it)."""
-        reason = getattr(self.raw, "_closing_reason", None)  # pika keeps no public copy
+        reason = pikaext.close_reason(self.raw)  # pika keeps no public copy
         return describe(reason) if reason is not None else "closed"
 
     def on_cancelled(self, callback: Callable[[str], None]) -> None:
@@ -367,8 +346,6 @@ class Channel:
                 body,
             )
 
-        if self._on_consume is not None:  # before: deliveries may follow consume-ok at once
-            self._on_consume(self.raw.channel_number)
         with _io():
             return str(self.raw.basic_consume(queue, deliver))
 

@@ -3,16 +3,16 @@
 pika writes a ``basic.publish`` as three frame objects (method, content header, body), each
 built from objects of its own (the method, the header, the properties) and marshalled
 through a chain of calls: about a fifth of a requeue's CPU (``bench/profile.py requeue
---gil``, 2026-11-25), and as much of ``send_many``'s. The layout is fixed by AMQP 0-9-1
+--gil``), and as much of ``send_many``'s. The layout is fixed by AMQP 0-9-1
 and few values vary, so :func:`publish_frames` writes the same bytes directly
 (``tests/test_frames.py`` compares them with pika's on generated input). A name AMQP
-cannot carry, or a pika without the pieces this relies on, takes pika's own path.
+cannot carry takes pika's own path, and so does a pika whose channel cannot be written to
+this way (``pikaext.FrameWriter``, which writes these bytes: this module is pure).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 #: Frame header: type, channel, payload size.
 _FRAME = struct.Struct(">BHI").pack
@@ -59,44 +59,4 @@ def publish_frames(
     return b"".join(parts)
 
 
-class FrameWriter:
-    """Writes a publish's frames to a pika channel in one piece, as pika would.
-
-    Built per channel; ``usable`` is False when pika's internals are not what this relies
-    on (then the caller publishes through pika, slower and never wrong).
-    """
-
-    def __init__(self, channel: Any) -> None:
-        self._channel = channel
-        connection = getattr(channel, "connection", None)
-        self._check = getattr(channel, "_raise_if_not_open", None)
-        self._output = getattr(connection, "_output_marshaled_frames", None)
-        self._connection = connection
-        self.usable = (
-            callable(self._check)
-            and callable(self._output)
-            and isinstance(getattr(connection, "_body_max_length", None), int)
-            and isinstance(getattr(channel, "channel_number", None), int)
-        )
-
-    def publish(
-        self, exchange: str, routing_key: str, body: bytes, properties: bytes, mandatory: bool
-    ) -> bool:
-        """Write the publish; False if it must take pika's path instead (nothing written)."""
-        frames = publish_frames(
-            self._channel.channel_number,
-            exchange,
-            routing_key,
-            mandatory,
-            properties,
-            body,
-            self._connection._body_max_length,  # type: ignore[union-attr]
-        )
-        if frames is None:
-            return False
-        self._check()  # type: ignore[misc]  # a closed channel raises as pika's publish does
-        self._output([frames])  # type: ignore[misc]
-        return True
-
-
-__all__ = ["FrameWriter", "publish_frames"]
+__all__ = ["publish_frames"]

@@ -25,15 +25,14 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import pika.data
-import pika.spec
 
 from ..core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders
 from ..core.undecodable import RAW_HEADERS
+from . import pikaext
 
 #: How deep the search for the culprit goes before it says "nested too deeply".
 _MAX_DEPTH = 32
@@ -69,28 +68,25 @@ def decoding() -> Iterator[None]:
 
 def installed() -> bool:
     """Whether the wrapper is in place (after our first connection)."""
-    return bool(getattr(pika.spec.data, "_rmq_retry_guard", False))  # type: ignore[attr-defined]
+    return pikaext.table_decoding_guarded()
 
 
-def install() -> None:
-    """Wrap the header-table decoder pika uses for properties (idempotent).
+def install() -> bool:
+    """Wrap the header-table decoder pika uses for properties (idempotent); False if this
+    pika cannot be wrapped (``pikaext``: then pika's own decoding stays, unguarded).
 
     Outside :func:`decoding` the wrapper calls pika's own decoder and nothing else.
     """
-    if installed():
-        return
-    original = pika.data.decode_table
 
-    def decode_table(encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:
-        if not _scope.depth:  # not one of our connections: pika's own behaviour
-            return original(encoded, offset)
-        return guarded_decode(original, encoded, offset)
+    def make(original: Any) -> Any:
+        def decode_table(encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:
+            if not _scope.depth:  # not one of our connections: pika's own behaviour
+                return original(encoded, offset)
+            return guarded_decode(original, encoded, offset)
 
-    guarded = types.ModuleType(pika.data.__name__)
-    guarded.__dict__.update(vars(pika.data))
-    guarded.decode_table = decode_table  # type: ignore[attr-defined]
-    guarded._rmq_retry_guard = True  # type: ignore[attr-defined]
-    pika.spec.data = guarded  # type: ignore[attr-defined]
+        return decode_table
+
+    return pikaext.guard_table_decoding(make)
 
 
 def guarded_decode(original: Any, encoded: bytes, offset: int) -> tuple[dict[str, Any], int]:

@@ -229,6 +229,7 @@ class Consumer:
         )
         self._copies_connection.on_blocked(functools.partial(_log_blocked, "retry-copies"))
         self._copies = broker.ConfirmChannel(self._copies_connection)
+        broker.log_features()  # once per process: which of pika's internals we could use
         # Retry copies are fitted to the frame limit of the connection that publishes them.
         self.handler.frame_max = self._copies_connection.frame_max
         self._channel = channel
