@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "SPARE_PREFETCH": 0,
     # Receiver threads per consumer process (receivers never run on pika's I/O thread).
     "THREADS": 1,
+    # async def receivers awaited at once per consumer process (on its event loop).
+    "ASYNC_CONCURRENCY": 100,
     # AMQP heartbeat in seconds. 0 (disabled) is refused: dead peers would go unnoticed.
     "HEARTBEAT": 60,
     # Seconds a connection blocked by the broker (memory/disk alarm) waits before failing.

@@ -133,6 +133,13 @@ class Registry:
                 "'_', '.', ':' and '-' (at most 200 characters)."
             )
         _check_signature(func, name)
+        if idempotent and inspect.iscoroutinefunction(func):
+            raise ImproperlyConfigured(
+                f"Receiver {name}: an async def receiver cannot be idempotent=True (the inbox "
+                "row and its effects share one transaction, and transactions do not work in "
+                "async code); make it a plain def, or keep its database work in one "
+                "sync_to_async(transaction.atomic(...)) function of its own."
+            )
         policy = _policy(retry, name)
         with self._lock:
             existing = self._by_name.get(name)

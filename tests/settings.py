@@ -25,6 +25,7 @@ RMQ_RETRY = {
     "OUTBOX_BATCH_SIZE": env.int("RMQ_OUTBOX_BATCH", default=2000),
     "QUEUE_TYPE": env("RMQ_QUEUE_TYPE", default="classic"),
     "POLICY_CACHE_SECONDS": 1,
+    "ASYNC_CONCURRENCY": env.int("RMQ_ASYNC_CONCURRENCY", default=100),
     # Each test has a prefix of its own and many send before any consumer declared it: the
     # suite keeps the declare-on-first-send. tests/test_permissions.py runs the default
     # (False) with a write-only RabbitMQ user.

@@ -8,14 +8,16 @@ this module only runs the receiver between them and describes what must happen n
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from .. import hooks as _hooks
@@ -125,7 +127,10 @@ class Handler:
         most = self.landing_ms + self.levels.resolution_ms
         return landing_wait(due, time.time() * 1000, most, headers.get(self._due_us_header))
 
-    def handle(self, d: Delivery) -> Action:
+    def prepare(self, d: Delivery) -> Action | Attempt:
+        """Everything before the receiver runs: an action when it must not run (park it),
+        else the :class:`Attempt` to run. ``handle`` is ``prepare``, the receiver, then
+        ``conclude``; the async pool (``consumer.aio``) awaits the receiver in between."""
         headers = d.properties.get("headers") or {}
         if d.receiver is None and d.queue == self.names.dead_queue:
             return self._park_dead_letter(d, headers)
@@ -159,22 +164,36 @@ class Handler:
         message = self._message(d, rec, env, headers, verdict)
         hooks = self.hooks
         token = hooks.attempt_started(message) if hooks is not None else None
-        running = current_message.set(message)  # the receiver's log lines name it
+        return Attempt(d, rec, env, message, start_key, token)
+
+    def handle(self, d: Delivery) -> Action:
+        step = self.prepare(d)
+        if not isinstance(step, Attempt):
+            return step
+        running = current_message.set(step.message)  # the receiver's log lines name it
         try:
-            error = self.attempt(rec, message)
+            error = self.attempt(step.receiver, step.message)
         finally:
             current_message.reset(running)
+        return self.conclude(step, error)
+
+    def conclude(self, step: Attempt, error: BaseException | None) -> Action:
+        """What to do after the receiver ran (``prepare`` -> the receiver -> this)."""
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         action: Action
+        start_key = step.start_key
         if error is not None:
-            action = self._after_failure(d, rec, env, message, error, start_key)
+            action = self._after_failure(
+                step.delivery, step.receiver, step.env, step.message, error, start_key
+            )
         else:
+            headers = step.delivery.properties.get("headers") or {}
             if self._operation_header in headers:  # a copy a requeue operation waits for
                 operations.report_handled(headers, self._operation_header, self._parked_id_header)
             action = Ack(start_key=start_key) if start_key is not None else HANDLED
-        if hooks is not None:
-            hooks.attempt_ended(token, error, action)
+        if self.hooks is not None:
+            self.hooks.attempt_ended(step.token, error, action)
         return action
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
@@ -198,7 +217,9 @@ class Handler:
         """
         topic = rec.topic_for(message.routing_key)
         try:
-            if not rec.idempotent:
+            if is_async(rec):  # the in-memory broker, or a pool without an event loop
+                async_to_sync(rec.func)(message, receiver=rec, topic=topic)
+            elif not rec.idempotent:
                 rec.func(message, receiver=rec, topic=topic)
             elif not run_once(
                 rec.name,
@@ -213,6 +234,17 @@ class Handler:
                     extra=message_fields(message),
                 )
         except BaseException as exc:  # sys.exit() in a receiver is a failure, not our exit
+            return exc
+        return None
+
+    async def aattempt(self, rec: Receiver, message: Message) -> BaseException | None:
+        """:meth:`attempt` of an ``async def`` receiver, awaited on the consumer's event
+        loop (``consumer.aio``); never idempotent (the registry refuses it)."""
+        topic = rec.topic_for(message.routing_key)
+        current_message.set(message)  # this coroutine's own context: its log lines name it
+        try:
+            await rec.func(message, receiver=rec, topic=topic)
+        except BaseException as exc:  # as attempt(): a failure, not our exit
             return exc
         return None
 
@@ -369,6 +401,23 @@ class Handler:
             f"attempt(s): {decision.reason.value} ({error_message[:200]})"
         )
         return StorePark(request, start_key, log_line)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A delivery whose receiver is to run now (``Handler.prepare``)."""
+
+    delivery: Delivery
+    receiver: Receiver
+    env: Envelope
+    message: Message
+    start_key: str | None
+    token: Any  # the observability hooks' token of this attempt
+
+
+def is_async(rec: Receiver) -> bool:
+    """Whether ``rec`` is an ``async def`` receiver (run on the event loop: ``aio``)."""
+    return inspect.iscoroutinefunction(rec.func)
 
 
 def _timestamp(value: Any) -> datetime | None:

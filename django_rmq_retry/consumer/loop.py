@@ -33,6 +33,7 @@ from ..core.budget import channel_lost, copy_refused
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
 from ..core.logfields import attempt_of, fields
 from ..registry import Receiver
+from . import aio
 from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
@@ -119,12 +120,20 @@ class Consumer:
             landing_ms=int(app_settings.DELAY_LANDING_MS),
             properties_size=_encoded_size,
         )
-        self._pool = DaemonPool(
-            self.threads,
-            "rmq-receiver",
-            self._process,
+        # async def receivers run on an event loop of their own beside the threads (aio).
+        self._pool = aio.with_event_loop(
+            DaemonPool(
+                self.threads,
+                "rmq-receiver",
+                self._process,
+                self._hand_back,
+                hold=self.handler.wait_before,
+            ),
+            self.receivers,
+            self.handler,
             self._hand_back,
-            hold=self.handler.wait_before,
+            concurrency=int(app_settings.ASYNC_CONCURRENCY),
+            is_current=lambda d: d.generation == self._generation,
         )
         self._parker = ParkWriter(
             self.names,

@@ -105,3 +105,7 @@ def _slow_alert(sender, message, **kwargs):
 
 
 message_retried.connect(_slow_alert, weak=False, dispatch_uid="tests-slow-alert")
+
+
+if os.environ.get("RMQ_TEST_ASYNC"):  # a consumer child of the async tests
+    from . import async_consumers  # noqa: F401
