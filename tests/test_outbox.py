@@ -371,49 +371,6 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
     assert OutboxMessage.objects.count() == 0
 
 
-@pytest.mark.skipif(
-    not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-    reason="two rounds at once: PostgreSQL only (each round holds its own row locks)",
-)
-def test_overlapped_rounds_keep_each_transaction_s_order_and_stop_at_a_refusal(rmq):
-    """``outbox.overlap``: rounds of 40 rows, overlapping, over 5 transactions of 120 rows:
-    all published once, each transaction in order. Then a transaction with two unroutable
-    rows among 200: every routable row published once and in order; no round starts after
-    the refusal is known (a round already handed over may still refuse the second row, as
-    a round alone would), the rest goes through rounds one at a time, and the unroutable
-    rows stay for their next attempts, in order."""
-    import json
-
-    from django_rmq_retry.outbox import overlap, publish_all
-
-    nobody = Topic("test.nobody-listens")
-    call_command("rmq_consume", setup_only=True, verbosity=0)
-    with override_settings(
-        RMQ_RETRY=_conf(rmq, OUTBOX_PUBLISH_ON_COMMIT=False, OUTBOX_BATCH_SIZE=40)
-    ):
-        for t in range(5):
-            with transaction.atomic():
-                other.send_many([{"t": t, "i": i} for i in range(120)], outbox=True)
-        done, clean = overlap.drain()
-        assert (done.published, clean) == (600, True)
-        got = [json.loads(b) for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
-        assert got == [{"t": t, "i": i} for t in range(5) for i in range(120)]
-
-        with transaction.atomic():  # a refusal in the fourth round of the next drain
-            other.send_many([{"t": 9, "i": i} for i in range(130)], outbox=True)
-            nobody.send({"t": 9, "i": "x"}, outbox=True)
-            other.send_many([{"t": 9, "i": i} for i in range(130, 200)], outbox=True)
-            nobody.send({"t": 9, "i": "y"}, outbox=True)
-        done, clean = overlap.drain()
-        assert not clean and done.refused in (1, 2)
-        total = publish_all()  # rounds one at a time: a "nobody" row not tried is deferred
-        got = [json.loads(b) for _m, _p, b in rmq.get_all(rmq.queue("gamma"))]
-        assert got == [{"t": 9, "i": i} for i in range(200)]
-        assert done.published + total.published == 200
-        left = [(r.routing_key, r.attempts) for r in OutboxMessage.objects.order_by("id")]
-        assert left == [(nobody.routing_key, 1), (nobody.routing_key, done.refused - 1)]
-
-
 def test_a_relayed_message_carries_the_properties_a_direct_send_carries(rmq):
     """The relay publishes the properties the sender encoded (``wire_properties``), and rows
     written before that column (only the JSON copy) the same: a consumer cannot tell the

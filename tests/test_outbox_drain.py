@@ -35,24 +35,3 @@ def test_a_restart_forgets_the_position_and_what_waited():
     drain.restart()
     assert drain.after is None
     assert drain.advance(RelayRound()) == Drain.DONE
-
-
-def test_rows_left_waiting_before_an_overlap_are_looked_at_again_after_it():
-    """The housekeeper's drain: a full round left rows waiting, overlapped rounds published
-    the rest cleanly; the drain must still go back for the waiting rows (it ended here
-    once, and ``rmq_relay --once`` with three relays left 4 of 3,000 rows unpublished)."""
-    drain = Drain()
-    assert drain.advance(_round(20, full=True, waiting=4)) == Drain.NEXT
-    assert drain.after_overlap(_round(900, full=False), clean=True) == Drain.NEXT
-    assert drain.after is None  # from the oldest row
-    assert drain.advance(_round(10, full=False)) == Drain.DONE
-
-
-def test_an_overlap_ends_the_drain_only_when_clean_and_nothing_waited():
-    drain = Drain()
-    drain.advance(_round(20, full=True))
-    assert drain.after_overlap(_round(900, full=False), clean=True) == Drain.DONE
-    drain.advance(_round(20, full=True))
-    assert drain.after_overlap(_round(900, full=False), clean=False) == Drain.NEXT
-    drain.advance(_round(20, full=True))
-    assert drain.after_overlap(_round(900, full=False, waiting=2), clean=True) == Drain.NEXT

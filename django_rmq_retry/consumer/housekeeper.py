@@ -18,7 +18,6 @@ from ..inbox import purge_handled
 from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
 from ..outbox.drain import Drain
-from ..outbox.overlap import drain as overlapped
 from ..outbox.relay import WAITING_PAUSE
 from ..parking import group_counts
 from ..threads import start_daemon
@@ -104,17 +103,12 @@ class Housekeeper:
             relay_wakeup.wait(float(app_settings.OUTBOX_POLL_SECONDS))
 
     def _relay_round(self) -> str:
-        """One round, where :class:`Drain` says it starts; returns what ``Drain`` says next.
-        After a full round on PostgreSQL, the rest of the backlog in overlapped rounds."""
+        """One round, where :class:`Drain` says it starts; returns what ``Drain`` says next."""
         if self._drain.after is None:
             pending = OutboxMessage.objects.using(self.using).filter(status=OutboxStatus.PENDING)
             if not pending.exists():  # idle: one indexed query, no transaction, no lock
                 return self._drain.advance(RelayRound())
         try:
-            if self._drain.after is not None and connections[self.using].vendor == "postgresql":
-                done, clean = overlapped(using=self.using, after=self._drain.after, stop=self.stop)
-                self._count(done)
-                return self._drain.after_overlap(done, clean)
             done = publish_pending(using=self.using, after=self._drain.after)
         except BaseException:
             self._drain.restart()

@@ -1,18 +1,15 @@
 """Draining the outbox: rounds until what is pending now is published.
 
 :class:`Drain` orders a drain's rounds (on after a full round, back to the oldest row for rows
-left waiting); :func:`publish_all` runs one, on PostgreSQL two rounds at once first
-(``overlap``). The consumer's housekeeper and ``rmq_relay`` use the same ``Drain``.
+left waiting); :func:`publish_all` runs one. The consumer's housekeeper and ``rmq_relay`` use
+the same ``Drain``.
 """
 
 from __future__ import annotations
 
 import time
 
-from django.db import connections
-
 from ..publishing import Publisher
-from .overlap import drain as overlapped
 from .relay import WAITING_PAUSE, RelayRound, publish_pending
 
 
@@ -57,15 +54,6 @@ class Drain:
             return self.PAUSE
         return self.DONE
 
-    def after_overlap(self, done: RelayRound, clean: bool) -> str:
-        """After overlapped rounds (``overlap.drain``: they end the forward pass), ``NEXT``
-        from the oldest row, or ``DONE``. Not done while rows wait: rows the overlap left,
-        or rows a round before it left waiting (the overlap went on after that round, so
-        those were never looked at again: ending here left them to nobody)."""
-        waited = self._left_waiting or done.waiting > 0
-        self.restart()
-        return self.DONE if clean and not waited else self.NEXT
-
     def restart(self) -> None:
         """From the oldest row (after an error: the next round reads every pending row)."""
         self.after = None
@@ -74,14 +62,9 @@ class Drain:
 
 def publish_all(*, using: str = "default", publisher: Publisher | None = None) -> RelayRound:
     """Rounds until what is pending now is published (rows waiting after a refusal, or
-    held for an operator, stay), in the order :class:`Drain` gives. Returns the totals.
-
-    PostgreSQL: two rounds at once first (``overlap``), then rounds one at a time for what
-    that left (rows held back or refused; nothing, usually: one query)."""
+    held for an operator, stay), in the order :class:`Drain` gives. Returns the totals."""
     total = RelayRound()
     drain = Drain()
-    if connections[using].vendor == "postgresql":
-        total, _clean = overlapped(using=using, publisher=publisher)
     while True:
         done = publish_pending(using=using, after=drain.after, publisher=publisher)
         total = added(total, done)
