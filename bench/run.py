@@ -32,6 +32,7 @@ ORDER = [
     "requeue",
     "outbox",
     "growth",
+    "observability",  # metrics + tracing on vs off, happy and retry paths
     "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
 ]
 

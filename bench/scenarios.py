@@ -842,6 +842,69 @@ def growth(run: Run) -> list[Row]:
     return rows
 
 
+# 9. Observability overhead -----------------------------------------------------------------
+def observability(run: Run) -> list[Row]:
+    """The happy and retry paths with metrics (``--metrics-port``) and tracing (the SDK,
+    spans dropped by the exporter) on, against the same consumer with both off: alternating
+    rounds, medians. ``BENCH_OBS_N`` sets the message count (a tiny one checks it runs)."""
+    import os
+    import socket
+
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
+
+    n = int(os.environ.get("BENCH_OBS_N") or (2_000 if run.quick else 20_000))
+    n_retry = int(os.environ.get("BENCH_OBS_N") or (2_000 if run.quick else 5_000))
+    delay_queues = [
+        q.name for q in current_plan(default_registry.all()).queues if ".delay." in q.name
+    ]
+
+    def port() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return str(s.getsockname()[1])
+
+    def consume(short: str, count: int, on: bool) -> float:
+        if not on:
+            return ours_consume(run, short, count).seconds
+        return ours_consume(
+            run, short, count, extra_args=("--metrics-port", port()), BENCH_TRACING="1"
+        ).seconds
+
+    rows = []
+    for label, short, routing, count, retried in (
+        ("happy path", "bench_noop", "bench.noop", n, False),
+        ("retry path", "bench_retry", "bench.retry", n_retry, True),
+    ):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for rnd in range(ROUNDS):
+            for on in in_turn([False, True], rnd):
+                publish_bodies(routing, count)
+                wait_depth(queue_name(short), count)
+                times[on].append(consume(short, count, on))
+                ensure_empty(queue_name(short))
+                if retried:
+                    held = sum(depth(q) for q in delay_queues)
+                    if held != count:
+                        raise RuntimeError(f"retry copies: {held}, expected {count}")
+                    for q in delay_queues:
+                        purge(q)
+        off = count / statistics.median(times[False])
+        with_obs = count / statistics.median(times[True])
+        rows.append(
+            Row(
+                f"{label} with metrics + tracing, {count:,} msgs (vs both off)",
+                with_obs,
+                off,
+                "msg/s",
+                "≥ 0.90× off",
+                with_obs / off >= 0.9,
+                note=f"'raw' column: the same consumer, observability off; median of {ROUNDS}",
+            )
+        )
+    return rows
+
+
 SCENARIOS = {
     "happy": happy,
     "publishing": publishing,
@@ -851,4 +914,5 @@ SCENARIOS = {
     "requeue": requeue,
     "growth": growth,
     "outbox": outbox,
+    "observability": observability,
 }

@@ -36,3 +36,22 @@ LOGGING = {
         "django_rmq_retry": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
+
+# The observability scenario: metrics (--metrics-port) and traces on. Traces go through the
+# OpenTelemetry SDK with a batch processor to an exporter that drops them: what a project
+# pays short of its network exporter.
+if env.bool("BENCH_TRACING", default=False):
+    RMQ_RETRY["TRACING"] = True
+    from opentelemetry import trace as _trace
+    from opentelemetry.sdk.trace import TracerProvider as _Provider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor as _Batch
+    from opentelemetry.sdk.trace.export import SpanExporter as _Exporter
+    from opentelemetry.sdk.trace.export import SpanExportResult as _Result
+
+    class _Drop(_Exporter):
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            return _Result.SUCCESS
+
+    _provider = _Provider()
+    _provider.add_span_processor(_Batch(_Drop()))
+    _trace.set_tracer_provider(_provider)

@@ -51,7 +51,10 @@ def show(found) -> str:
     lines = []
     for s in found:
         links = [
-            (format(link.context.span_id, "016x"), link.attributes.get("django_rmq_retry.link"))
+            (
+                format(link.context.span_id, "016x"),
+                (link.attributes or {}).get("django_rmq_retry.link"),
+            )
             for link in s.links
         ]
         lines.append(
@@ -99,7 +102,10 @@ def test_a_message_that_failed_twice_then_succeeded_is_one_trace_of_linked_attem
         assert span.attributes["messaging.message.conversation_id"] == "order-42"
         assert span.context.trace_id == trace_id  # one trace
         assert span.parent is not None and span.parent.span_id == send.context.span_id
-        linked = {link.attributes["django_rmq_retry.link"]: link.context for link in span.links}
+        linked = {
+            (link.attributes or {}).get("django_rmq_retry.link", "producer"): link.context
+            for link in span.links
+        }
         assert linked["producer"].span_id == send.context.span_id
         if previous is None:
             assert "previous_attempt" not in linked
