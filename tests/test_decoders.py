@@ -69,7 +69,7 @@ def test_compressed_bodies_of_any_type_are_inflated():
 @pytest.mark.parametrize(
     ("body", "ctype", "encoding", "reason"),
     [
-        (b'{"n": ' + b"9" * 5000 + b"}", JSON, None, "Exceeds the limit (4300 digits)"),
+        (b'{"n": ' + b"9" * 5000 + b"}", JSON, None, "for integer string conversion"),
         (b'{"v": NaN}', JSON, None, "NaN is not a JSON value"),
         (b'{"v": Infinity}', JSON, None, "Infinity is not a JSON value"),
         (b"[-Infinity]", JSON, None, "-Infinity is not a JSON value"),
