@@ -10,17 +10,21 @@ permissions each kind of process needs.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
+from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from .conf import DEFAULTS, RETRY_KEYS, SETTING_NAME, app_settings
 from .core.backoff import Policy
 from .core.delays import DelayLevels
 from .core.topology import QUORUM_DELIVERY_LIMIT, permissions
 from .discovery import LEGACY_MODULE
+from .tables import MIGRATE, unapplied_migrations
 
 ID = "django_rmq_retry"
 #: Our checks' tag (not Django's ``compatibility``, which means Django upgrade notes).
@@ -78,6 +82,50 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_declare_on_send(),
         *_channels_module(),
     ]
+
+
+@checks.register(TAG, checks.Tags.database)
+def check_migrated(app_configs: Any = None, **kwargs: Any) -> Messages:
+    """Migrations of this app not applied: the consumer could not park, the commands would
+    fail. A database check, run the way Django runs its own: only when asked for a database
+    (``manage.py check --database default``), never at import or on a plain ``check``."""
+    databases = kwargs.get("databases")
+    if not databases or _migrating():
+        return []
+    out: Messages = []
+    for alias in databases:
+        try:
+            pending = unapplied_migrations(alias)
+        except DatabaseError:  # cannot ask: Django's own database checks say why
+            continue
+        if pending:
+            where = "" if alias == DEFAULT_DB_ALIAS else f" --database {alias}"
+            out.append(
+                checks.Warning(
+                    f"{len(pending)} migration(s) of django_rmq_retry not applied on database "
+                    f"'{alias}' ({', '.join(pending)}): its tables are missing or out of date.",
+                    hint=f"Run `{MIGRATE}{where}`.",
+                    id=f"{ID}.W010",
+                )
+            )
+    return out
+
+
+MIGRATE_MODULE = "django.core.management.commands.migrate"
+
+
+def _migrating() -> bool:
+    """``migrate`` runs the database checks just before it applies the migrations: that
+    they are not applied yet is no news there."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        # Django 5.2 calls the checks from migrate's handle(), Django 6 from the base
+        # command's execute() (with self the migrate command): either frame tells.
+        caller = frame.f_globals.get("__name__"), type(frame.f_locals.get("self")).__module__
+        if MIGRATE_MODULE in caller:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @checks.register(TAG, deploy=True)

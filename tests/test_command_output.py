@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import logging
 import signal
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -150,3 +152,71 @@ def test_first_sigint_says_what_it_waits_for_and_how_to_exit_now(rmq):
         "(or send SIGINT again) to exit now." in out
     ), out
     assert "Stopped: 1 handled" in out
+
+
+# Forgot migrate ------------------------------------------------------------------------------
+MIGRATE_LINE = "run `manage.py migrate django_rmq_retry`."
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    from tests.conftest import ROOT
+
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def unmigrated(rmq, tmp_path):
+    """The environment of a ``manage.py`` child on a new, empty SQLite database."""
+    from tests.conftest import subprocess_env
+
+    env = subprocess_env(rmq.prefix, rmq.log)
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'new.sqlite3'}"
+    return env
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_commands_say_to_run_migrate_instead_of_a_traceback(unmigrated):
+    for command in (
+        ["rmq_requeue", "--dry-run"],
+        ["rmq_purge_parked", "--older-than", "30d"],
+        ["rmq_purge_inbox"],
+        ["rmq_relay", "--once"],
+    ):
+        done = _manage(unmigrated, *command)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert "CommandError: The tables of django_rmq_retry are missing in database 'default'" in (
+            done.stderr
+        ), (command, done.stderr)
+        assert MIGRATE_LINE in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_the_consumer_and_the_database_check_say_to_run_migrate(unmigrated):
+    done = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
+    assert done.returncode == 0, done.stderr
+    assert MIGRATE_LINE in done.stderr
+    assert "Until then a message that fails for good cannot be parked" in done.stderr
+    plain = _manage(unmigrated, "check")  # no --database: no query, no warning
+    assert "W010" not in plain.stdout + plain.stderr
+    asked = _manage(unmigrated, "check", "--database", "default")
+    assert "django_rmq_retry.W010" in asked.stderr, asked.stderr
+    assert "HINT: Run `manage.py migrate django_rmq_retry`." in asked.stderr
+    migrating = _manage(unmigrated, "migrate", "-v", "1")
+    assert migrating.returncode == 0, migrating.stderr
+    assert "W010" not in migrating.stdout + migrating.stderr  # no news while it migrates
+    after = _manage(unmigrated, "check", "--database", "default")
+    assert "W010" not in after.stderr
+    consume = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
+    assert "migrate" not in consume.stderr

@@ -41,6 +41,7 @@ from ..core.floods import FloodSummary
 from ..core.logfields import fields
 from ..core.names import Names
 from ..parking import ParkRequest, park, park_many, stripped_request
+from ..tables import missing_tables_message
 from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.consumer")
@@ -174,10 +175,11 @@ class ParkWriter:
         if not retrying:
             logger.error(
                 "the database refuses the row of message %s of %s even stripped; holding it "
-                "unacked (not lost) and trying again every %.0fs at most",
+                "unacked (not lost) and trying again every %.0fs at most%s",
                 job.request.properties.get("message_id"),
                 job.request.receiver,
                 HOLD_MAX_DELAY,
+                f". {hint}" if (hint := missing_tables_message()) else "",
                 extra=request_fields(job.request),
             )
         if not self._held:

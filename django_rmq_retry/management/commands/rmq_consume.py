@@ -25,6 +25,7 @@ from django_rmq_retry.hooks import CHILD_DIR_ENV
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
+from django_rmq_retry.tables import missing_tables_message
 
 
 class Command(BaseCommand):
@@ -122,6 +123,12 @@ class Command(BaseCommand):
             relay=not options["no_relay"],
         )
         self._announce(consumer, receivers, options)
+        missing = missing_tables_message()
+        if missing:  # the consumer runs: what succeeds is acked, what fails waits unacked
+            self.stderr.write(
+                f"{missing} Until then a message that fails for good cannot be parked: it "
+                "stays unacked on the broker (not lost)."
+            )
         restore = self._install_signal_handlers(consumer, options["verbosity"])
         policy_cache.invalidate()
         # What is alive now (Django, the apps, the receivers' modules) lives as long as the

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry.inbox import purge_handled
 from django_rmq_retry.management.filters import parse_duration
+from django_rmq_retry.management.preflight import require_tables
 
 
 class Command(BaseCommand):
@@ -21,6 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables()
         age = None
         if options["older_than"]:
             try:

@@ -9,6 +9,7 @@ from django.db import connection
 
 from django_rmq_retry import parking
 from django_rmq_retry.management.filters import parse_duration
+from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.models import ParkedStatus
 
 
@@ -27,6 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables()
         try:
             age = parse_duration(options["older_than"])
         except ValueError as exc:

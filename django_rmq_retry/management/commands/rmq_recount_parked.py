@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_rmq_retry import parking
+from django_rmq_retry.management.preflight import require_tables
 
 
 class Command(BaseCommand):
@@ -22,6 +23,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]
+        require_tables(using)
         if connections[using].vendor not in parking.group_counts.VENDORS:
             raise CommandError(
                 "this database keeps no counts (PostgreSQL and SQLite do); "

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_rmq_retry.consumer.housekeeper import Housekeeper
+from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.models import OutboxMessage
 from django_rmq_retry.outbox import release_held
 from django_rmq_retry.stop_signals import on_stop_signals
@@ -38,6 +39,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables(options["database"])
         if options["release_held"]:
             released = release_held(OutboxMessage.objects.using(options["database"]).all())
             self.stdout.write(f"released {released} outbox row(s) for new attempts.")

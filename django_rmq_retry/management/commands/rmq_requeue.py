@@ -11,6 +11,7 @@ from django_rmq_retry import parking
 from django_rmq_retry.consumer.operations_runner import OperationsRunner
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
+from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.management.progress import Progress
 from django_rmq_retry.models import OperationState
 from django_rmq_retry.parking import operations
@@ -59,6 +60,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables()
         try:
             qs = filtered_queryset(options)
         except ValueError as exc:

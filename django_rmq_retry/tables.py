@@ -1,0 +1,59 @@
+"""Whether this app's tables exist, and the one line that says what to do when they don't.
+
+Why: a project that added the app and forgot ``migrate`` got a consumer that held every
+failure unacked with "no such table ..." and commands that ended in a raw
+``OperationalError``. Commands check :func:`missing_tables_message` before they touch a table, the
+consumer :func:`missing_tables` at start, and the system check (database-tagged: only with
+``manage.py check --database ALIAS``) :func:`unapplied_migrations`. Nothing here runs at
+import time; each call costs one introspection query (or reading the migration files).
+"""
+
+from __future__ import annotations
+
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+
+APP_LABEL = "django_rmq_retry"
+MIGRATE = f"manage.py migrate {APP_LABEL}"
+
+
+def missing_tables(using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """This app's tables that database ``using`` should hold (its router allows them
+    there) and does not. A database that cannot be asked returns ``[]``: the caller's next
+    query reports the outage itself."""
+    models = [
+        m
+        for m in apps.get_app_config(APP_LABEL).get_models()
+        if m._meta.managed and router.allow_migrate_model(using, m)
+    ]
+    if not models:
+        return []
+    try:
+        with connections[using].cursor() as cursor:
+            present = set(connections[using].introspection.table_names(cursor))
+    except DatabaseError:
+        return []
+    return [m._meta.db_table for m in models if m._meta.db_table not in present]
+
+
+def missing_tables_message(using: str = DEFAULT_DB_ALIAS) -> str | None:
+    """One line naming the migrate command, or ``None`` when every table is there."""
+    missing = missing_tables(using)
+    if not missing:
+        return None
+    where = "" if using == DEFAULT_DB_ALIAS else f" --database {using}"
+    return (
+        f"The tables of django_rmq_retry are missing in database '{using}' "
+        f"({', '.join(missing)}): run `{MIGRATE}{where}`."
+    )
+
+
+def unapplied_migrations(using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Names of this app's migrations not applied on ``using`` (reads the migration files
+    and the ``django_migrations`` table)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[using])
+    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]
+    plan = executor.migration_plan(targets)
+    return [migration.name for migration, backwards in plan if migration.app_label == APP_LABEL]
