@@ -80,6 +80,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_level_ttls(),
         *_landing(),
         *_declare_on_send(),
+        *_observability(),
         *_channels_module(),
     ]
 
@@ -161,6 +162,27 @@ def _declare_on_send() -> Messages:
             "False (the default): publishers need write permission only; the topology is "
             "declared by rmq_setup or rmq_consume.",
         )
+    ]
+
+
+def _observability() -> Messages:
+    """METRICS_PORT, METRICS_ADDRESS, TRACING, HEALTH_DIR (docs/howto/observability.md)."""
+    port, address = app_settings.METRICS_PORT, app_settings.METRICS_ADDRESS
+    tracing, health_dir = app_settings.TRACING, app_settings.HEALTH_DIR
+    wrong = []
+    if port is not None and not (
+        isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+    ):
+        wrong.append(("METRICS_PORT", port, "None (no endpoint) or a port, e.g. 9100"))
+    if not isinstance(address, str):
+        wrong.append(("METRICS_ADDRESS", address, '"" (every interface) or an address'))
+    if not isinstance(tracing, bool):
+        wrong.append(("TRACING", tracing, "True or False"))
+    if health_dir is not None and not (isinstance(health_dir, str) and health_dir):
+        wrong.append(("HEALTH_DIR", health_dir, "None or a directory path"))
+    return [
+        _err(16, f"{SETTING_NAME}['{key}'] is {value!r}.", f"Set {hint}.")
+        for key, value, hint in wrong
     ]
 
 

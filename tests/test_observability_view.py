@@ -47,3 +47,23 @@ def test_metrics_view_exports_parked_and_outbox_backlogs(client, monkeypatch):
         in text
     )
     assert 'django_rmq_retry_outbox_messages{status="pending"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("METRICS_PORT", "9100"), ("METRICS_PORT", 70000), ("TRACING", "yes"), ("HEALTH_DIR", "")],
+)
+def test_bad_observability_settings_are_refused_by_the_checks(key, value, settings):
+    from django_rmq_retry.checks import check_settings
+
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, key: value}):
+        ids = [m.id for m in check_settings()]
+    assert "django_rmq_retry.E016" in ids
+
+
+def test_good_observability_settings_pass_the_checks(settings):
+    from django_rmq_retry.checks import check_settings
+
+    good = {"METRICS_PORT": 9100, "TRACING": True, "HEALTH_DIR": "/tmp/h", "LIVENESS_TIMEOUT": 30}
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, **good}):
+        assert [m.id for m in check_settings()] == []
