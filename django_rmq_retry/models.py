@@ -443,3 +443,26 @@ class TaskResultRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id} {self.status}"
+
+
+class DeclaredQueue(models.Model):
+    """A receiver queue this project declared (``rmq_setup``, ``rmq_consume`` at start).
+
+    RabbitMQ's AMQP cannot list queues, so the app remembers the names it declared: a queue
+    remembered here that no registered receiver owns any more (a receiver renamed or moved,
+    without ``queue=``) is an orphan, still bound to its routing keys and filling for ever.
+    ``rmq_orphans`` (and ``rmq_consume`` at start, and ``--list``) name them; only
+    ``rmq_orphans --delete`` deletes one. See docs/howto/orphan-queues.md.
+    """
+
+    name = models.CharField(_("queue"), max_length=255, unique=True)
+    prefix = models.CharField(_("prefix"), max_length=255, db_index=True)
+    receiver = models.CharField(_("receiver"), max_length=255)
+    declared_at = models.DateTimeField(_("last declared"))
+
+    class Meta:
+        verbose_name = _("declared queue")
+        verbose_name_plural = _("declared queues")
+
+    def __str__(self) -> str:
+        return self.name

@@ -97,3 +97,35 @@ def _what_to_do(reply_text: str) -> str:
             "run 'manage.py rmq_consume --setup-only' with this version to declare it again."
         )
     return "Delete it (it will be declared again) or make the settings match."
+
+
+def queue_state(channel: BlockingChannel, name: str) -> tuple[int, int] | None:
+    """``(messages, consumers)`` of queue ``name``, or None if it does not exist (a passive
+    declare on a channel of its own: read permission is enough, nothing is created)."""
+    own = channel.connection.channel()
+    try:
+        ok = own.queue_declare(name, passive=True)
+    except pex.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return None
+        raise
+    finally:
+        if own.is_open:
+            own.close()
+    return int(ok.method.message_count or 0), int(ok.method.consumer_count or 0)
+
+
+def delete_queue(channel: BlockingChannel, name: str, *, if_empty: bool) -> bool:
+    """Delete queue ``name`` (with ``if_empty``, only while it holds no message): True if it
+    was deleted, False if it was not empty. Needs configure permission on it."""
+    own = channel.connection.channel()
+    try:
+        own.queue_delete(name, if_empty=if_empty)
+    except pex.ChannelClosedByBroker as exc:
+        if exc.reply_code == 406 and if_empty:
+            return False
+        raise TopologyError(f"deleting queue {name!r} failed: {exc.reply_text}") from exc
+    finally:
+        if own.is_open:
+            own.close()
+    return True

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rmq_retry import broker
+from django_rmq_retry import broker, orphans
 from django_rmq_retry.conf import app_settings, broker_urls, current_plan
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import Plan
@@ -42,7 +42,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         finally:
             conn.close()
+        orphans.record(receivers)
         self._report(plan, receivers, options["verbosity"])
+        for orphan in orphans.find():
+            self.stdout.write(self.style.WARNING(f"orphan queue {orphans.describe(orphan)}"))
 
     def _select(self, wanted: list[str]) -> list[Receiver]:
         if not wanted:
