@@ -11,7 +11,11 @@ Order: the rows one transaction wrote for one topic are published in the order w
 round leaves a row whose transaction has an earlier row of the same topic still pending
 that the round does not hold: backing off after a refusal (*deferred*: it waits with it),
 or locked by another relay's round (*waiting*: due as soon as that round ends, so the next
-round starts from the oldest row again instead of going on after this one's last).
+round starts from the oldest row again instead of going on after this one's last). The
+earlier row may lie before the round's first row of that key (``_overtaking``) or among its
+own rows: rows are locked as they are read, skipping locked ones, so another round can hold
+a stretch in the middle of a big transaction (``_gaps``). Once held back, a key stays held
+back for the rest of the round.
 """
 
 from __future__ import annotations
@@ -142,25 +146,37 @@ def publish_pending(
         claimed: dict[int, _Claim] = {}  # id(Outgoing) -> its row's id and attempts
         firsts: dict[_Key, int] = {}  # each (transaction, topic)'s first row in this round
         clear: set[_Key] = set()  # keys found with no earlier row this round does not hold
+        last: dict[_Key, int] = {}  # each key's last row published by this round
+        stopped: set[_Key] = set()  # keys waiting for a row this round does not hold
+        put_off: set[_Key] = set()  # keys waiting for a row backing off after a refusal
         read = [0, 0, 0]  # rows locked this round (left ones included), the last id, waiting
 
         def outgoing() -> Generator[broker.Outgoing, None, None]:
             """The round's rows as messages, read a chunk at a time while the broker works
             on the previous chunk; a row with an earlier row of its transaction and topic
-            this round does not hold is left where it is (``_overtaking``)."""
+            this round does not hold is left where it is (``_overtaking``, ``_gaps``)."""
             for chunk in itertools.chain([first], chunks):
                 read[0] += len(chunk)
                 read[1] = chunk[-1][0].id
                 for row, _item in chunk:
                     firsts.setdefault(_key(row), row.id)
                 waiting, deferred = _overtaking(chunk, firsts, clear, now, using)
+                # Held back once, a key stays so for the rest of the round: its rows locked
+                # in this chunk stay unpublished, and a later chunk's must not overtake them.
+                stopped.update(waiting)
+                put_off.update(deferred)
+                held_back = stopped | put_off
+                gaps = _gaps([row for row, _ in chunk if _key(row) not in held_back], last, using)
                 for row, item in chunk:
                     key = _key(row)
-                    if key in waiting:
+                    if row.id >= gaps.get(key, row.id + 1):
+                        stopped.add(key)  # a row of its span is not ours: the rest waits
+                    if key in stopped:
                         read[2] += 1
                         continue
-                    if key in deferred:
+                    if key in put_off:
                         continue
+                    last[key] = row.id
                     claimed[id(item)] = _Claim(row.id, row.attempts)
                     yield item
 
@@ -304,6 +320,59 @@ def _earlier_rows(
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
+
+
+def _gaps(rows: list[_Row], last: dict[_Key, int], using: str) -> dict[_Key, int]:
+    """Per (transaction, topic) of ``rows``: the lowest pending row inside the span this
+    round is about to publish that the round does not hold, if any.
+
+    Rows are locked as they are read, skipping those another relay's round holds: a round
+    reading a big transaction can find a stretch of it locked by another round in the
+    middle of its own rows (that round leaves them, waiting for this one's earlier rows),
+    and publishing on past it is an inversion. A row backing off after a refusal inside the
+    span is one too. The span of a key starts after its last row this round published
+    (``last``; its first time, at its first row here: ``_overtaking`` looked below that)
+    and ends at its last row in ``rows``. One count per key tells whether every pending
+    row there is this round's; only a key where it is not reads the span's ids."""
+    spans: dict[_Key, list[int]] = {}
+    for row in rows:
+        spans.setdefault(_key(row), []).append(row.id)
+    if not spans:
+        return {}
+    after = {key: last.get(key, ids[0] - 1) for key, ids in spans.items()}
+    conn = connections[using]
+    qn = conn.ops.quote_name
+    table = qn(OutboxMessage._meta.db_table)
+    group, topic, status = qn("group"), qn("routing_key"), qn("status")
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(spans))
+    sql = (
+        f"WITH k(g, t, after, upto) AS (VALUES {values})"
+        f" SELECT k.g, k.t, (SELECT COUNT(*) FROM {table} o WHERE o.{group} = k.g"
+        f" AND o.{topic} = k.t AND o.{status} = %s AND o.id > k.after AND o.id <= k.upto)"
+        " FROM k"
+    )
+    params: list[Any] = [v for key, ids in spans.items() for v in (*key, after[key], ids[-1])]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [*params, OutboxStatus.PENDING])
+        short = [(g, t) for g, t, count in cursor.fetchall() if count > len(spans[(g, t)])]
+    gaps = {}
+    for key in short:
+        ids = spans[key]
+        pending = (
+            OutboxMessage.objects.using(using)
+            .filter(
+                group=key[0],
+                routing_key=key[1],
+                status=OutboxStatus.PENDING,
+                id__gt=after[key],
+                id__lte=ids[-1],
+            )
+            .values_list("id", flat=True)
+        )
+        foreign = set(pending) - set(ids)
+        if foreign:
+            gaps[key] = min(foreign)
+    return gaps
 
 
 def _read_ahead(chunks: Iterator[_Chunk], depth: int = READ_AHEAD) -> Generator[_Chunk, None, None]:
