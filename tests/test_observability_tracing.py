@@ -133,3 +133,20 @@ def test_a_parked_message_is_the_one_error(rmq, spans):
     assert process.attributes["error.type"]
     (park,) = [e for e in process.events if e.name == "park"]
     assert park.attributes["django_rmq_retry.park.reason"]
+
+    # An operator requeues it: a span naming who, linked to the message's trace; the
+    # requeued copy's attempt continues that trace.
+    from django_rmq_retry.models import ParkedMessage
+    from django_rmq_retry.parking import requeue
+
+    spans.clear()
+    requeue(ParkedMessage.objects.all(), user="alice")
+    run_consumer(rmq, done=1)
+    found = spans.get_finished_spans()
+    print(show(found))
+    (requeued,) = [s for s in found if s.name == "requeue"]
+    assert requeued.attributes["django_rmq_retry.requeue.user"] == "alice"
+    assert [link.context.trace_id for link in requeued.links] == [process.context.trace_id]
+    (again,) = [s for s in found if s.kind is SpanKind.CONSUMER]
+    assert again.context.trace_id == process.context.trace_id
+    assert again.attributes["django_rmq_retry.requeued"] == 1

@@ -16,6 +16,8 @@ from ..hooks import CHILD_DIR_ENV, install
 from .health import Health
 from .observer import Observer
 
+REQUEUE_UID = "django_rmq_retry.observability.requeue"
+
 
 def missing_extra(module: str, extra: str) -> str | None:
     """A sentence to tell the user when ``module`` (of ``extra``) is not installed."""
@@ -61,8 +63,18 @@ def enable(
 
         tracer = Tracing(current_names())
     observer = Observer(current_names(), metrics=consumer_metrics, tracing=tracer, health=health)
-    install(observer)
+    _install(observer)
     return observer
+
+
+def _install(observer: Observer) -> None:
+    """Make ``observer`` this process's hooks (and, with tracing, follow requeues)."""
+    from ..signals import message_requeued
+
+    message_requeued.disconnect(dispatch_uid=REQUEUE_UID)
+    if observer.tracing is not None:
+        message_requeued.connect(observer.requeued, weak=False, dispatch_uid=REQUEUE_UID)
+    install(observer)
 
 
 def enable_tracing() -> Observer:
@@ -73,12 +85,15 @@ def enable_tracing() -> Observer:
     from .tracing import Tracing
 
     observer = Observer(current_names(), tracing=Tracing(current_names()))
-    install(observer)
+    _install(observer)
     return observer
 
 
 def disable() -> None:
     """Back to no hooks (the command calls it when the consumer returns)."""
+    from ..signals import message_requeued
+
+    message_requeued.disconnect(dispatch_uid=REQUEUE_UID)
     install(None)
 
 

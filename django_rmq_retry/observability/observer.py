@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
@@ -11,6 +12,8 @@ from ..core.message import Message
 from ..core.names import Names
 from ..hooks import Hooks
 from .health import Health
+
+logger = logging.getLogger("django_rmq_retry.observability")
 
 
 class Observer(Hooks):
@@ -79,6 +82,14 @@ class Observer(Hooks):
         if self.metrics is not None:
             self.metrics.park_batch.observe(size)
             self.metrics.park_lag.observe(lag_seconds)
+
+    def requeued(self, sender: Any, parked_ids: list[int], user: str, mode: str, **_: Any) -> None:
+        """``message_requeued`` (connected while tracing is on)."""
+        if self.tracing is not None:
+            try:
+                self.tracing.requeued(parked_ids, user, mode)
+            except Exception:  # tracing never fails a requeue
+                logger.exception("tracing a requeue failed")
 
     def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
         if self.tracing is not None:

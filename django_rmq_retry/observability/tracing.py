@@ -12,7 +12,8 @@ Messaging semantic conventions: ``messaging.system=rabbitmq``, span names
   ``django_rmq_retry.link`` is ``previous_attempt``), with the attempt number.
   The span is current while the receiver runs: its own spans and log lines belong to it.
 * The decision is an event on that span: ``retry`` (with its delay), ``park`` (with its
-  reason). A span is an error only when the message is parked: an attempt that fails and a
+  reason). An operator's requeue is a ``requeue`` span naming the user, linked to the
+  requeued messages' traces. A span is an error only when the message is parked: an attempt that fails and a
   later one succeeds pages nobody (its exception is recorded as an event).
 """
 
@@ -30,6 +31,8 @@ from ..core.message import Message
 from ..core.names import Names
 
 SYSTEM = "rabbitmq"
+#: Messages a requeue span links to at most (the SDK keeps 128 links by default).
+MAX_REQUEUE_LINKS = 128
 _W3C = TraceContextTextMapPropagator()
 
 
@@ -135,6 +138,31 @@ class Tracing:
         )
         token = context.attach(trace.set_span_in_context(span))
         return span, token
+
+    def requeued(self, parked_ids: list[int], user: str, mode: str) -> None:
+        """An operator requeued parked rows (``message_requeued``, sent once the broker
+        confirmed the copies): a span naming who, linked to each message's trace (the
+        first ``MAX_REQUEUE_LINKS``). The copies keep the message's ``traceparent``, so
+        their next attempt continues the same trace."""
+        from ..models import ParkedMessage
+
+        links = []
+        rows = ParkedMessage.objects.filter(pk__in=parked_ids[:MAX_REQUEUE_LINKS])
+        for headers in rows.values_list("headers", flat=True):
+            found = trace.get_current_span(propagate.extract(headers or {})).get_span_context()
+            if found.is_valid:
+                links.append(Link(found))
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "requeue",
+            "messaging.batch.message_count": len(parked_ids),
+            "django_rmq_retry.requeue.user": user or "",
+            "django_rmq_retry.requeue.mode": mode,
+        }
+        self.tracer.start_span(
+            "requeue", kind=SpanKind.PRODUCER, attributes=attributes, links=links
+        ).end()
 
     def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
         """The current attempt's span, for the next attempt to link to."""
