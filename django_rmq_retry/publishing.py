@@ -270,7 +270,8 @@ class Publisher:
             raise _batch_error(
                 items,
                 f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
-                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored",
+                f"{items[0].exchange!r}: {returned} message(s) were returned, not stored"
+                + _unrouted_hint(items[0]),
                 UnroutableError,
             )
 
@@ -569,3 +570,11 @@ def reset_publisher() -> None:
     _local.slot = None
     if slot is not None:
         _close_quietly(slot.publisher)
+
+
+def _unrouted_hint(item: broker.Outgoing) -> str:
+    """For a topic's send (the work exchange): which receivers this process knows."""
+    if item.exchange != current_names().work_exchange:
+        return ""
+    hint = default_registry.unrouted_hint(item.routing_key, str(app_settings.DISCOVER_MODULE))
+    return f". {hint}"

@@ -218,6 +218,26 @@ class Registry:
         ]
         return candidates[0] if len(candidates) == 1 else None
 
+    def unrouted_hint(self, routing_key: str, discover_module: str) -> str:
+        """What to check when the broker had no queue for ``routing_key`` (a send came back
+        unroutable): the receivers this process knows, and where receivers come from."""
+        mine = [r.name for r in self.all() if routing_key in r.routing_keys]
+        if mine:
+            return (
+                f"This process knows the receiver(s) of {routing_key!r} ({', '.join(mine)}), "
+                "but their queue is not on the broker: run `manage.py rmq_setup` (or start "
+                "`manage.py rmq_consume`) against this broker and prefix."
+            )
+        everyone = [f"{r.name} <- {', '.join(r.routing_keys)}" for r in self.all()]
+        known = "; ".join(everyone[:10]) + ("; ..." if len(everyone) > 10 else "")
+        return (
+            f"No receiver of {routing_key!r} is registered in this process (receivers "
+            f"known: {known or 'none'}). Check that the app defining it is in "
+            f"INSTALLED_APPS and that its @receiver functions are in its "
+            f"'{discover_module}.py' module (RMQ_RETRY['DISCOVER_MODULE']), or that the "
+            "consumer deployed elsewhere has declared its queue."
+        )
+
     def reset(self) -> None:
         """Forget every receiver (for tests)."""
         with self._lock:

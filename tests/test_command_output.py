@@ -220,3 +220,50 @@ def test_the_consumer_and_the_database_check_say_to_run_migrate(unmigrated):
     assert "W010" not in after.stderr
     consume = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
     assert "migrate" not in consume.stderr
+
+
+# Say what to do ------------------------------------------------------------------------------
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_a_send_nobody_receives_names_the_receivers_this_process_knows(rmq):
+    from django_rmq_retry import Topic
+    from django_rmq_retry.core.errors import UnroutableError
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with pytest.raises(UnroutableError) as caught:
+        Topic("test.nobody").send({"id": 1})
+    text = str(caught.value)
+    assert "No receiver of 'test.nobody' is registered in this process (receivers known: " in text
+    assert "tests.testapp.consumers.gamma <- test.other" in text
+    assert "INSTALLED_APPS" in text and "'receivers.py' module" in text
+
+
+def test_the_hint_for_a_known_receiver_without_a_queue_says_to_declare_it():
+    from django_rmq_retry.registry import default_registry
+
+    hint = default_registry.unrouted_hint("test.other", "receivers")
+    assert hint.startswith(
+        "This process knows the receiver(s) of 'test.other' (tests.testapp.consumers.gamma), "
+        "but their queue is not on the broker: run `manage.py rmq_setup`"
+    )
+
+
+@pytest.mark.django_db
+def test_a_closed_port_says_connection_refused_not_a_pika_class(settings):
+    import socket
+
+    from django.core.management.base import CommandError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings.RMQ_RETRY = {
+        **settings.RMQ_RETRY,
+        "BROKER_URL": f"amqp://u:secret@127.0.0.1:{port}/%2F",
+    }
+    with pytest.raises(CommandError) as caught:
+        call_command("rmq_consume", "gamma", fail_fast=True, stdout=io.StringIO())
+    assert str(caught.value) == (
+        f"cannot reach RabbitMQ at amqp://u:***@127.0.0.1:{port}/%2F: connection refused "
+        "(is RabbitMQ running, on that host and port?)"
+    )

@@ -34,12 +34,22 @@ def describe(exc: BaseException) -> str:
         inner = exc.args[0]
         if isinstance(inner, BaseException):
             return describe(inner)
+    # pika's connection workflow wraps the socket's error in its own exceptions that
+    # carry it as `.exception` (one phase) or `.exceptions` (every attempt), and whose
+    # str() is only their class name: the operating system's reason is inside.
+    cause = getattr(exc, "exception", None)
+    causes = getattr(exc, "exceptions", None) or ()
+    if not isinstance(cause, BaseException) and causes:
+        cause = causes[-1]
+    if isinstance(cause, BaseException) and cause is not exc:
+        return describe(cause)
     if isinstance(exc, pex.ChannelClosedByBroker | pex.ConnectionClosedByBroker):
         return f"{exc.reply_code} {exc.reply_text}"
-    text = str(exc) or type(exc).__name__
-    if "Connection refused" in text or isinstance(exc, ConnectionRefusedError):
-        return "connection refused (is RabbitMQ running?)"
-    return text
+    if "Connection refused" in str(exc) or isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is RabbitMQ running, on that host and port?)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]  # "name or service not known"
+    return str(exc) or type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -98,7 +98,7 @@ class Command(BaseCommand):
         if not receivers and not options["setup_only"]:
             raise CommandError(
                 "No receivers are registered. Declare them with @receiver(topic) in a "
-                f"'{app_settings.DISCOVER_MODULE}.py' module of an installed app."
+                f"'{app_settings.DISCOVER_MODULE}.py' module of an app listed in INSTALLED_APPS."
             )
         if options["setup_only"]:
             self._setup(receivers)
