@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shlex
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,6 +49,50 @@ _PREFIXES: set[str] = set()
 _SWEPT: list[str] = []
 
 
+class _Deleter:
+    """Deletes each finished test's exchanges and queues on a thread of its own, so the next
+    test does not wait for ~55 deletes (0.2-0.4 s on a loaded 2-core host, per test). Its
+    connection lives on its thread only (pika's are not thread-safe) and is opened again
+    after a broker restart; whatever it misses, the session's sweep deletes."""
+
+    def __init__(self) -> None:
+        self._todo: queue.Queue[tuple[list[str], list[str]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def delete(self, queues: list[str], exchanges: list[str]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rmq-cleanup", daemon=True)
+            self._thread.start()
+        self._todo.put((queues, exchanges))
+
+    def finish(self, timeout: float = 120) -> None:
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        conn: Any = None
+        while (item := self._todo.get()) is not None:
+            for method, names in (("queue_delete", item[0]), ("exchange_delete", item[1])):
+                for name in names:
+                    try:
+                        if conn is None or not conn.is_open:
+                            conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+                            ch = conn.channel()
+                        elif not ch.is_open:
+                            ch = conn.channel()
+                        getattr(ch, method)(name)
+                    except Exception:
+                        conn = None  # the sweep deletes it
+        if conn is not None and conn.is_open:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+_DELETER = _Deleter()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Delete the queues and exchanges this session's tests left on the broker.
 
@@ -57,6 +103,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     once; only names under a prefix of this session are touched (another session on the
     same broker keeps its own).
     """
+    _DELETER.finish()
     if not _PREFIXES:
         return
     starts = tuple(f"{p}." for p in _PREFIXES)
@@ -197,18 +244,9 @@ class Rmq:
             out.append((method, props, body))
 
     def cleanup(self) -> None:
+        """Hand this test's objects to the background deleter (nothing shares the prefix)."""
         plan = current_plan(default_registry.all(), self.names)
-        ch = self.ch()
-        for q in plan.queues:
-            try:
-                ch.queue_delete(q.name)
-            except Exception:
-                ch = self.ch()
-        for name, _kind, _args in plan.exchanges:
-            try:
-                ch.exchange_delete(name)
-            except Exception:
-                ch = self.ch()
+        _DELETER.delete([q.name for q in plan.queues], [name for name, _k, _a in plan.exchanges])
         with contextlib.suppress(Exception):
             self.conn.close()
 
