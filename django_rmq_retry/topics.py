@@ -14,7 +14,7 @@ from django.db import transaction
 from . import hooks as _hooks
 from .conf import app_settings
 from .core.backoff import Policy
-from .publishing import PublishResult, get_publisher
+from .publishing import PublishResult, encode_body, get_publisher
 from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
 
 
@@ -117,11 +117,17 @@ class Topic(TopicKey):
         Between that commit and the broker's confirm the message can be lost (the process
         dies, the broker is down); the outbox (``outbox=True``) closes that gap, and with it
         this is the same as ``send``: the row already waits for the commit.
+
+        The body is encoded now, as ``send`` does: one that is not JSON serialisable raises
+        ``TypeError`` at this call, in the caller's transaction, not after its commit.
         """
         if self.uses_outbox(kwargs.pop("outbox", None)):
             self.send(body, outbox=True, using=using, **kwargs)
             return
-        transaction.on_commit(lambda: self.send(body, **kwargs), using=using, robust=False)
+        data, content_type = encode_body(body, kwargs.pop("content_type", None))
+        transaction.on_commit(
+            lambda: self.send(data, content_type=content_type, **kwargs), using=using, robust=False
+        )
 
     # Receivers --------------------------------------------------------------------------
     def connect(

@@ -267,3 +267,27 @@ def test_a_closed_port_says_connection_refused_not_a_pika_class(settings):
         f"cannot reach RabbitMQ at amqp://u:***@127.0.0.1:{port}/%2F: connection refused "
         "(is RabbitMQ running, on that host and port?)"
     )
+
+
+# Fail at the call ----------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_send_on_commit_refuses_a_body_that_is_not_json_at_the_call():
+    from django.db import transaction
+
+    from tests.testapp.events import other
+
+    with transaction.atomic():
+        with pytest.raises(TypeError, match="not JSON serialisable"):
+            other.send_on_commit({"id": 1, "when": object()})
+        # Nothing was scheduled for the commit: it would have raised there, after the
+        # caller's rows were committed.
+        assert transaction.get_connection().run_on_commit == []
+
+
+def test_send_on_commit_sends_what_it_was_given_through_the_test_broker(transactional_db):
+    from django_rmq_retry.testing import InMemoryBroker
+    from tests.testapp.events import other
+
+    with InMemoryBroker() as broker:
+        other.send_on_commit({"id": 7})  # no transaction: now
+        assert [m.body for m in broker.sent] == [{"id": 7}]
