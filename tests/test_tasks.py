@@ -241,3 +241,18 @@ def test_real_broker_runs_retries_parks_and_requeues_a_task(rmq):
     consume("tasks.default.tests.tasksproject.tasks.always_fails", count=2, idle=10)
     assert wait_for(lambda: (doomed.refresh(), len(doomed.errors) == 4)[1], 10)
     assert [n for n, _a, _x in t.RUNS].count("always_fails") == 4
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_awaits_async_tasks_on_the_event_loop(rmq):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    t.ASYNC_THREADS.clear()
+    ok = t.async_add.enqueue(20, 22)
+    retried = t.async_add.enqueue(-1, 5)
+    consume("tasks.default.tests.tasksproject.tasks.async_add", count=3, idle=10)
+    ok.refresh()
+    retried.refresh()
+    assert ok.return_value == 42
+    assert retried.return_value == 4 and len(retried.errors) == 1 and retried.attempts == 2
+    assert t.ASYNC_THREADS and all(n == "rmq-async-loop" for n in t.ASYNC_THREADS)

@@ -29,6 +29,7 @@ from typing import Any, cast
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from ..core.unit_threads import db_executor
 from ..threads import start_daemon
 from .actions import Action, Delivery, Release
 from .handler import Attempt, Handler, is_async
@@ -162,6 +163,7 @@ class AsyncPool:
                     return
                 job.state = RUNNING
                 self._running += 1
+            db_executor.set(self._db)  # this job's context: the receiver's units run there
             try:
                 job.finish(await self._process(job.delivery), None)
             except BaseException as exc:

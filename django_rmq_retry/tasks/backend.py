@@ -17,6 +17,7 @@ requeue; there is no second worker loop.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -125,7 +126,9 @@ class RabbitMQBackend(BaseTaskBackend):
         policy = task.policy(self.default_policy) if isinstance(task, RabbitMQTask) else None
         for queue_name in sorted(self.queues or {task.queue_name}):
             rec = self.registry.register(
-                runner_for(queue_name, task.module_path),
+                runner_for(
+                    queue_name, task.module_path, is_async=inspect.iscoroutinefunction(task.func)
+                ),
                 [Topic(receiver_name(queue_name, task.module_path))],
                 retry=policy,
             )

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import router, transaction
+from django.db import router
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
@@ -60,27 +60,31 @@ def forget(result_id: str) -> None:
 
 
 def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> TaskResultRecord:
-    """Read, change and save one row in a short transaction of its own (created if a
-    retention sweep, or a backend with results off at enqueue, left none)."""
+    """Read, change and save one row (created if a retention sweep, or a backend with
+    results off at enqueue, left none).
+
+    No transaction and no row lock: one task's row is written by one attempt at a time
+    (a message is with one receiver at a time), so a read then a write cannot interleave
+    with another writer of that row; and a read-then-write transaction is what SQLite
+    refuses at once ("database is locked") when another thread writes meanwhile.
+    """
     db = router.db_for_write(TaskResultRecord)
-    with transaction.atomic(using=db):
-        row = TaskResultRecord.objects.using(db).select_for_update().filter(id=msg.result_id)
-        record = row.first()
-        if record is None:
-            record = TaskResultRecord(
-                id=msg.result_id,
-                backend=msg.backend,
-                task_path=msg.task_path,
-                queue_name=msg.queue_name,
-                priority=msg.priority,
-                args=msg.args,
-                kwargs=msg.kwargs,
-                run_after=msg.run_after,
-                enqueued_at=msg.enqueued_at,
-            )
-        change(record)
-        record.updated_at = timezone.now()
-        record.save(using=db)
+    record = TaskResultRecord.objects.using(db).filter(id=msg.result_id).first()
+    if record is None:
+        record = TaskResultRecord(
+            id=msg.result_id,
+            backend=msg.backend,
+            task_path=msg.task_path,
+            queue_name=msg.queue_name,
+            priority=msg.priority,
+            args=msg.args,
+            kwargs=msg.kwargs,
+            run_after=msg.run_after,
+            enqueued_at=msg.enqueued_at,
+        )
+    change(record)
+    record.updated_at = timezone.now()
+    record.save(using=db)
     return record
 
 

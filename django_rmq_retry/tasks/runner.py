@@ -13,9 +13,13 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from traceback import format_exception
-from typing import Any
+from typing import Any, cast
 
+from asgiref.sync import markcoroutinefunction, sync_to_async
+from django.db import close_old_connections
 from django.tasks import task_backends
 from django.tasks.base import Task, TaskContext, TaskError, TaskResult
 from django.tasks.signals import task_finished, task_started
@@ -27,6 +31,7 @@ from ..conf import current_levels, current_names
 from ..core.errors import Reject
 from ..core.message import Message
 from ..core.outcome import Park, decide
+from ..core.unit_threads import db_executor
 from ..policies import policy_cache
 from ..registry import Receiver
 from . import results
@@ -45,14 +50,15 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def runner_for(queue_name: str, task_path: str) -> TaskRunner:
+def runner_for(queue_name: str, task_path: str, *, is_async: bool = False) -> TaskRunner:
     """The one runner of a (queue name, task path): the registry keeps a receiver per
     function object, so a task validated again (``.using(...)``) must find the same one."""
     key = f"{queue_name}.{task_path}"
     with _runners_lock:
         runner = _runners.get(key)
         if runner is None:
-            runner = _runners[key] = TaskRunner(queue_name, task_path)
+            kind = AsyncTaskRunner if is_async else TaskRunner
+            runner = _runners[key] = kind(queue_name, task_path)
         return runner
 
 
@@ -70,6 +76,13 @@ class TaskRunner:
         return f"TaskRunner({self.queue_name!r}, {self.task_path!r})"
 
     def __call__(self, message: Message, *, receiver: Receiver, **kwargs: Any) -> None:
+        loaded = self.load(message)
+        if loaded is not None:
+            backend, task, msg = loaded
+            run(backend, task, msg, message.attempt, receiver)
+
+    def load(self, message: Message) -> tuple[Any, Task, TaskMessage] | None:
+        """The backend, task and message to run (``None``: sent on to its ``run_after``)."""
         try:
             msg = TaskMessage.from_body(message.body)
             backend = task_backends[msg.backend]
@@ -86,12 +99,60 @@ class TaskRunner:
                 early,
                 base=dict(message.properties),
             )
-            return
+            return None
         try:
             task = _task(msg)
         except Exception as exc:
             raise Reject(f"task {msg.task_path} cannot be loaded: {exc}") from exc
-        run(backend, task, msg, message.attempt, receiver)
+        return backend, task, msg
+
+
+class AsyncTaskRunner(TaskRunner):
+    """The runner of an ``async def`` task: an ``async def`` receiver, so the consumer
+    awaits it on its event loop (``consumer.aio``); the result row, the signals and the
+    retry decision run as synchronous units through ``sync_to_async``."""
+
+    def __init__(self, queue_name: str, task_path: str) -> None:
+        super().__init__(queue_name, task_path)
+        markcoroutinefunction(self)
+
+    async def __call__(  # type: ignore[override]
+        self, message: Message, *, receiver: Receiver, **kwargs: Any
+    ) -> None:
+        loaded = await _sync(self.load)(message)
+        if loaded is None:
+            return
+        backend, task, msg = loaded
+        result, keep = await _sync(begin)(backend, task, msg, message.attempt)
+        try:
+            value = normalize_json(await task.acall(*_call_args(task, result, msg), **msg.kwargs))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            await _sync(_failed)(type(backend), result, msg, message.attempt, receiver, exc, keep)
+            raise
+        await _sync(_succeeded)(backend, result, msg, value, keep)
+
+
+def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as one synchronous database unit for the event loop, with stale connections
+    closed around it (as the consumer does around every delivery), on the consumer's
+    database threads (``core.unit_threads``)."""
+
+    def unit(*args: Any) -> Any:
+        close_old_connections()
+        try:
+            return fn(*args)
+        finally:
+            close_old_connections()
+
+    executor = db_executor.get()
+    if executor is None:
+        # In a thread (the in-memory broker, a test): that thread, its transaction; its
+        # connections are its owner's to close.
+        return sync_to_async(fn, thread_sensitive=True)
+    # asgiref only needs an Executor's submit(); its hints name ThreadPoolExecutor.
+    return sync_to_async(unit, thread_sensitive=False, executor=cast(ThreadPoolExecutor, executor))
 
 
 def _seconds_early(msg: TaskMessage, headers: dict[str, Any]) -> float:
@@ -125,7 +186,27 @@ def _task(msg: TaskMessage) -> Task:
 
 def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Receiver) -> None:
     """One attempt of ``task``: result row and signals around it; re-raises its error."""
-    sender = type(backend)
+    result, keep = begin(backend, task, msg, attempt)
+    try:
+        value = normalize_json(task.call(*_call_args(task, result, msg), **msg.kwargs))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        _failed(type(backend), result, msg, attempt, receiver, exc, keep)
+        raise
+    _succeeded(backend, result, msg, value, keep)
+
+
+def _call_args(task: Task, result: TaskResult[Any, Any], msg: TaskMessage) -> list[Any]:
+    if task.takes_context:
+        return [TaskContext(task_result=result), *msg.args]
+    return list(msg.args)
+
+
+def begin(
+    backend: Any, task: Task, msg: TaskMessage, attempt: int
+) -> tuple[TaskResult[Any, Any], bool]:
+    """An attempt starts: its result row (when kept) and ``task_started``."""
     keep = bool(getattr(backend, "results", False))
     me = worker_id()
     started_at = timezone.now()
@@ -155,18 +236,13 @@ def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Rece
         errors=errors,
         worker_ids=worker_ids,
     )
-    task_started.send(sender, task_result=result)
-    try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *msg.args, **msg.kwargs)
-        else:
-            value = task.call(*msg.args, **msg.kwargs)
-        value = normalize_json(value)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        _failed(sender, result, msg, attempt, receiver, exc, keep)
-        raise
+    task_started.send(type(backend), task_result=result)
+    return result, keep
+
+
+def _succeeded(
+    backend: Any, result: TaskResult[Any, Any], msg: TaskMessage, value: Any, keep: bool
+) -> None:
     finished_at = timezone.now()
     if keep:
         results.finished(msg, SUCCESSFUL, finished_at, return_value=value)
@@ -174,7 +250,7 @@ def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Rece
     object.__setattr__(result, "_return_value", value)
     object.__setattr__(result, "status", SUCCESSFUL)
     object.__setattr__(result, "finished_at", finished_at)
-    task_finished.send(sender, task_result=result)
+    task_finished.send(type(backend), task_result=result)
 
 
 def _failed(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from django.tasks import TaskContext, task
@@ -37,7 +39,15 @@ def always_fails(context: TaskContext, how: str) -> None:
     raise ValueError(f"failed on attempt {context.attempt}")
 
 
-@task
-async def async_add(a: int, b: int) -> int:
-    RUNS.append(("async_add", 1, [a, b]))
+#: The thread each async task ran on (the consumer's event loop, or a test's thread).
+ASYNC_THREADS: list[str] = []
+
+
+@task(takes_context=True)
+async def async_add(context: TaskContext, a: int, b: int) -> int:
+    RUNS.append(("async_add", context.attempt, [a, b]))
+    ASYNC_THREADS.append(threading.current_thread().name)
+    await asyncio.sleep(0)
+    if a < 0 and context.attempt < 2:
+        raise ValueError("negative: fails on attempt 1")
     return a + b
