@@ -109,3 +109,43 @@ def test_retry_copy_fits_the_frame_or_parks_at_once(rmq, registry_snapshot):
     assert tight.reason != "delivery_limit"
     assert "frame" in tight.reason_detail and str(FRAME_MAX) in tight.reason_detail
     assert rmq.depth(rmq.queue("fails_big")) == 0
+
+
+def test_a_parked_message_whose_requeue_copy_cannot_fit_is_refused_not_sent(rmq, registry_snapshot):
+    """Parked at once because its retry copy could not fit frame_max 4096, the message is
+    requeued with a small neighbour: the requeue copy (our route, row id and count) cannot
+    fit either, so it is refused before the broker sees it: counted failed with a reason
+    naming the frame limit, its row stays parked; the neighbour is requeued and runs."""
+    from django_rmq_retry import parking
+
+    topic = Topic("test.frames")
+    runs: Counter[str] = Counter()
+
+    def fails_big(message, **kwargs):
+        runs[message.body["id"]] += 1
+        if message.attempt == 1 and not message.requeued:
+            raise ValueError("it went wrong")
+
+    topic.connect(fails_big, retry={"max_attempts": 1, "jitter": "none"})
+    conf = {**settings.RMQ_RETRY, "BROKER_URL": SMALL_FRAMES, "DELAY_LANDING_MS": 0}
+    with override_settings(RMQ_RETRY=conf):
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        conn = pika.BlockingConnection(pika.URLParameters(SMALL_FRAMES))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for key, headers in (("tight", _padded(8)), ("small", {})):
+            props = pika.BasicProperties(
+                content_type="application/json", delivery_mode=2, message_id=key, headers=headers
+            )
+            body = json.dumps({"id": key}).encode()
+            ch.basic_publish(rmq.names.work_exchange, "test.frames", body, props, mandatory=True)
+        conn.close()
+        call_command("rmq_consume", "fails_big", max_idle_time=2, verbosity=0)
+        assert ParkedMessage.objects.count() == 2
+        result = parking.requeue(ParkedMessage.objects.all())
+        assert (result.requeued, result.failed) == (1, 1), result
+        assert any("frame_max 4096" in e for e in result.errors), result.errors
+        call_command("rmq_consume", "fails_big", max_idle_time=2, verbosity=0)
+    assert runs == {"tight": 1, "small": 2}
+    statuses = {json.loads(bytes(p.body))["id"]: p.status for p in ParkedMessage.objects.all()}
+    assert statuses == {"tight": "parked", "small": "requeued"}

@@ -83,3 +83,12 @@ def too_large_detail(frame_max: int, needed: int) -> str:
         f"the headers a copy needs take {needed} (the error text and failure story were "
         f"dropped already)"
     )
+
+
+def too_large_to_requeue(frame_max: int, needed: int) -> str:
+    """Why a parked message was not requeued: its copy cannot fit a frame."""
+    return (
+        f"not requeued: its copy cannot fit the broker's frame limit (frame_max {frame_max} "
+        f"leaves {properties_room(frame_max)} bytes for the properties; the message's own "
+        f"with the headers a requeued copy needs take {needed})"
+    )

@@ -32,6 +32,7 @@ from ..batches import ids_in
 from ..conf import app_settings, current_names
 from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
+from ..core.header_budget import properties_room, too_large_to_requeue
 from ..core.names import Names
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from ..publishing import get_publisher
@@ -191,6 +192,11 @@ def requeue(
     # chunk is written while the broker confirms the last, and each is marked once answered.
     in_flight: collections.deque[list[_Stored]] = collections.deque()
 
+    # A copy that cannot fit the connection's frame is refused here: sent, the broker
+    # would close the connection (and the chunk's other copies with it) every run.
+    frame_max = broker.connection_parameters().frame_max
+    room = properties_room(frame_max)
+
     def batches() -> Iterator[list[Outgoing] | None]:
         for chunk in feed.poll() if feed is not None else claims.chunks():
             if chunk is None:  # the next chunk is still loading
@@ -199,10 +205,14 @@ def requeue(
             result.matched += chunk.matched
             result.skipped += chunk.skipped
             if chunk.rows:
-                # The marks need no body: only the messages in flight hold one.
-                in_flight.append([row._replace(body=b"") for row in chunk.rows])
-                yield _messages(chunk.rows, mode, names, headers)
+                rows, messages, too_large = _messages(chunk.rows, mode, names, headers, room)
+                if too_large:
+                    _refuse_too_large(too_large, frame_max, result, token, using)
                 chunk.rows = []
+                if rows:
+                    # The marks need no body: only the messages in flight hold one.
+                    in_flight.append([row._replace(body=b"") for row in rows])
+                    yield messages
             elif progress:
                 progress(result)
             if deadline is not None and time.monotonic() >= deadline:
@@ -435,10 +445,16 @@ class _Marks:
 
 
 def _messages(
-    rows: list[_Stored], mode: str, names: Names, headers: Mapping[str, Any] | None = None
-) -> list[Outgoing]:
-    """The messages that put ``rows`` back to work (see ``core.envelope.requeue_properties``)."""
-    messages = []
+    rows: list[_Stored],
+    mode: str,
+    names: Names,
+    headers: Mapping[str, Any] | None = None,
+    room: int | None = None,
+) -> tuple[list[_Stored], list[Outgoing], list[tuple[_Stored, int]]]:
+    """The messages that put ``rows`` back to work (see ``core.envelope.requeue_properties``),
+    their properties encoded once here: (the rows they are for, the messages, and the rows
+    whose properties would take more than ``room`` bytes, with that size)."""
+    sent, messages, too_large = [], [], []
     for row in rows:
         exchange, routing_key, target = requeue_target(row, mode, names)
         props = requeue_properties(
@@ -456,8 +472,26 @@ def _messages(
                     props["headers"].pop(key, None)
                 else:
                     props["headers"][key] = value
-        messages.append(broker.Outgoing(exchange, routing_key, bytes(row.body), props))
-    return messages
+        wire = broker.encode_properties(props)
+        if room is not None and len(wire) > room:
+            too_large.append((row, len(wire)))
+            continue
+        encoded = broker.Encoded(wire, props.get("message_id"))
+        messages.append(broker.Outgoing(exchange, routing_key, bytes(row.body), None, encoded))
+        sent.append(row)
+    return sent, messages, too_large
+
+
+def _refuse_too_large(
+    rows: list[tuple[_Stored, int]], frame_max: int, result: RequeueResult, token: str, using: str
+) -> None:
+    """Rows whose copy cannot fit a frame: not sent, counted failed, free for another run."""
+    ParkedClaim.objects.using(using).filter(
+        ids_in([row.pk for row, _size in rows], using), token=token
+    ).delete()
+    for row, size in rows:
+        result.failed += 1
+        result.add_error(f"#{row.pk}: {too_large_to_requeue(frame_max, size)}")
 
 
 def _settle(
