@@ -73,28 +73,37 @@ need_postgres() {
 # Everything else runs once: the browser tests on "oldest" only, the fault injection on
 # "newest" only (its database-down scenario needs PostgreSQL), test_publish_many (publisher
 # only, no database) on "newest" only.
-if command -v pyenv >/dev/null; then
-  for v in 3.10 3.13; do
-    for d in "$(pyenv root)"/versions/"$v".*/bin; do [ -x "$d/python$v" ] && PATH="$PATH:$d"; done
+# pyenv's shims answer `python3.10` only when that version is selected: tox gets the real
+# interpreters' directories in front of PATH (for its own run only).
+PYENV_DIR="$(command -v pyenv >/dev/null && pyenv root || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
+python_dir() {
+  local d
+  for d in "$PYENV_DIR"/versions/"$1".*/bin; do
+    [ -x "$d/python$1" ] && "$d/python$1" -c pass 2>/dev/null && { echo "$d"; return 0; }
   done
-  export PATH
-fi
-need_python() {
-  command -v "python$1" >/dev/null && return 0
+  d="$(command -v "python$1")" && "$d" -c pass 2>/dev/null && { dirname "$d"; return 0; }
   if command -v pyenv >/dev/null; then
-    say "installing Python $1 with pyenv"
-    pyenv install -s "$1" && PATH="$PATH:$(pyenv prefix "$1")/bin" && return 0
+    say "installing Python $1 with pyenv" >&2
+    pyenv install -s "$1" >&2 && python_dir_installed "$1" && return 0
   fi
   die "python$1 is missing: install it (pyenv install $1, or your distribution's python$1)"
 }
+python_dir_installed() {
+  local d
+  for d in "$PYENV_DIR"/versions/"$1".*/bin; do [ -x "$d/python$1" ] && { echo "$d"; return 0; }; done
+  return 1
+}
+tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
+  local env="$1" version="$2" dir
+  shift 2
+  dir="$(python_dir "$version")" || return
+  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$env" -- "$@"
+}
 leg_oldest() {
-  need_python 3.10
-  "$VENV/bin/tox" run -e oldest -- \
-    -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
+  tox_leg oldest 3.10 -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
 }
 leg_newest() {
-  need_python 3.13
-  DATABASE_URL="$PG_URL" "$VENV/bin/tox" run -e newest -- -m "not browser and not cluster" "$@"
+  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "$@"
 }
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
