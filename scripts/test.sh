@@ -8,7 +8,7 @@
 #             with classic queues and again with quorum queues
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
 # Starts what it needs; says what is missing otherwise. CI runs every leg; locally choose
-# some with LEGS (e.g. LEGS="sqlite postgres" scripts/test.sh). Extra arguments go to pytest
+# some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh). Extra arguments go to pytest
 # (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
 ALL_LEGS="oldest newest rabbit4 cluster"
