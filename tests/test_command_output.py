@@ -291,3 +291,76 @@ def test_send_on_commit_sends_what_it_was_given_through_the_test_broker(transact
     with InMemoryBroker() as broker:
         other.send_on_commit({"id": 7})  # no transaction: now
         assert [m.body for m in broker.sent] == [{"id": 7}]
+
+
+# Help that answers ---------------------------------------------------------------------------
+DJANGO_OPTIONS = {
+    "help",
+    "version",
+    "verbosity",
+    "settings",
+    "pythonpath",
+    "traceback",
+    "no_color",
+    "force_color",
+    "skip_checks",
+}
+
+
+def _parsers():
+    from django.core.management import get_commands, load_command_class
+
+    for name, app in sorted(get_commands().items()):
+        if app == "django_rmq_retry":
+            yield name, load_command_class(app, name).create_parser("manage.py", name)
+
+
+def test_every_option_of_every_command_has_help():
+    missing = [
+        (name, action.option_strings or action.dest)
+        for name, parser in _parsers()
+        for action in parser._actions
+        if action.dest not in DJANGO_OPTIONS and not (action.help or "").strip()
+    ]
+    assert missing == []
+    assert {name for name, _ in _parsers()} >= {"rmq_consume", "rmq_requeue", "rmq_purge_parked"}
+
+
+def _help_of(command: str, dest: str) -> str:
+    parser = dict(_parsers())[command]
+    (action,) = [a for a in parser._actions if a.dest == dest]
+    return " ".join(action.help.split()) % {"default": action.default}
+
+
+def test_help_shows_the_effective_default_of_each_setting(settings):
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "PREFETCH": 7, "BATCH_SIZE": 250}
+    assert "(default: 7, RMQ_RETRY['PREFETCH'])" in _help_of("rmq_consume", "prefetch")
+    assert "(default: 1, RMQ_RETRY['THREADS'])" in _help_of("rmq_consume", "threads")
+    assert "(default: 250, RMQ_RETRY['BATCH_SIZE'])" in _help_of("rmq_requeue", "batch_size")
+    assert "(default: 7 days, RMQ_RETRY['INBOX_RETENTION_DAYS'])" in _help_of(
+        "rmq_purge_inbox", "older_than"
+    )
+    assert "(default: default)" in _help_of("rmq_recount_parked", "database")
+    reasons = _help_of("rmq_requeue", "reason")
+    from django_rmq_retry.core.outcome import ParkReason
+
+    assert all(reason.value in reasons for reason in ParkReason)
+    assert "EVERY parked message is requeued" in dict(_parsers())["rmq_requeue"].description
+
+
+@pytest.mark.django_db
+def test_list_says_up_to_for_jittered_delays(settings):
+    retry = {**settings.RMQ_RETRY["RETRY"], "jitter": "full", "max_attempts": 4}
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "RETRY": retry}
+    out = io.StringIO()
+    call_command("rmq_consume", "alpha", list=True, stdout=out)
+    initial, factor = retry["initial_delay"], retry["multiplier"]
+    caps = ", ".join(f"{min(initial * factor**k, retry['max_delay']):g}s" for k in range(3))
+    assert (
+        f"  retry:    4 attempts, delays up to {caps} "
+        "(full jitter: each a random time between 0 and that)\n"
+    ) in out.getvalue(), out.getvalue()
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "RETRY": {**retry, "jitter": "none"}}
+    out = io.StringIO()
+    call_command("rmq_consume", "alpha", list=True, stdout=out)
+    assert f"delays {caps} (no jitter)\n" in out.getvalue()

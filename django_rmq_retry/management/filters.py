@@ -11,6 +11,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from ..core.outcome import ParkReason
 from ..models import ParkedMessage
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -58,7 +59,9 @@ def add_filter_arguments(parser: ArgumentParser) -> None:
         "--reason",
         action="append",
         default=[],
-        help="Park reason: exhausted, rejected, ... (repeatable).",
+        choices=[reason.value for reason in ParkReason],
+        metavar="REASON",
+        help=f"Park reason: {', '.join(reason.value for reason in ParkReason)} (repeatable).",
     )
     parser.add_argument("--since", help="Parked at or after (ISO date/datetime or an age like 2h).")
     parser.add_argument("--until", help="Parked before (ISO date/datetime or an age like 2h).")

@@ -23,6 +23,7 @@ from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.hooks import CHILD_DIR_ENV
+from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
@@ -35,23 +36,35 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("receivers", nargs="*", help="Receiver dotted paths or queue names.")
+        parser.add_argument(
+            "receivers",
+            nargs="*",
+            help="Receiver dotted paths or queue names (default: every registered receiver).",
+        )
         parser.add_argument(
             "--list",
             action="store_true",
             help="Show receivers, queues, bindings and the retry topology, then exit.",
         )
         parser.add_argument(
-            "--prefetch", type=int, help="Unacked deliveries held at once (default: PREFETCH)."
+            "--prefetch",
+            type=int,
+            help=f"Unacked deliveries held at once {from_setting('PREFETCH')}.",
         )
-        parser.add_argument("--threads", type=int, help="Receiver threads (default: THREADS).")
+        parser.add_argument(
+            "--threads", type=int, help=f"Receiver threads {from_setting('THREADS')}."
+        )
         parser.add_argument(
             "--max-messages",
             type=int,
-            help="Stop after this many messages were handled, retried or parked.",
+            help="Stop after this many messages were handled, retried or parked "
+            "(default: no limit).",
         )
         parser.add_argument(
-            "--max-idle-time", type=float, help="Stop after this many seconds without a message."
+            "--max-idle-time",
+            type=float,
+            help="Stop after this many seconds without a message (default: never, run until "
+            "stopped).",
         )
         parser.add_argument(
             "--fail-fast",
@@ -62,7 +75,10 @@ class Command(BaseCommand):
             "--setup-only", action="store_true", help="Declare the topology and exit."
         )
         parser.add_argument(
-            "--no-orphans", action="store_true", help="Do not consume the orphaned-retries queue."
+            "--no-orphans",
+            action="store_true",
+            help="Do not consume the parking queues (retry copies whose receiver queue is "
+            "gone; with quorum queues, what the broker dead-lettered).",
         )
         parser.add_argument(
             "--no-relay",
@@ -81,13 +97,13 @@ class Command(BaseCommand):
             "--metrics-port",
             type=int,
             help="Serve Prometheus metrics (/metrics) and health probes (/healthz/live, "
-            "/healthz/ready) on this port (default: METRICS_PORT; needs the 'prometheus' "
-            "extra). With --processes, the supervisor serves every process's sums.",
+            f"/healthz/ready) on this port {from_setting('METRICS_PORT')}; needs the "
+            "'prometheus' extra. With --processes, the supervisor serves every process's sums.",
         )
         parser.add_argument(
             "--health-dir",
             help="Touch DIR/live while the I/O loop turns and keep DIR/ready while consuming "
-            "every queue, for exec probes (default: HEALTH_DIR).",
+            f"every queue, for exec probes {from_setting('HEALTH_DIR')}.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -348,11 +364,7 @@ class Command(BaseCommand):
                 f"  bindings: {', '.join(rec.routing_keys)} on {names.work_exchange}; "
                 f"{names.target_header}={rec.queue_name(names.prefix)} on {names.deliver_exchange}"
             )
-            sched = ", ".join(f"{d:g}s" for d in policy.schedule()) or "none"
-            out.write(
-                f"  retry:    {policy.max_attempts} attempts, jitter {policy.jitter}, "
-                f"delays {sched}"
-            )
+            out.write(f"  retry:    {policy.max_attempts} attempts, {_delays(policy)}")
         out.write("")
         out.write(self.style.MIGRATE_HEADING("Retry topology"))
         out.write(
@@ -433,6 +445,22 @@ class Command(BaseCommand):
                 os._exit(128 + signum)
 
         return on_stop_signals(handler)
+
+
+#: What each jitter does to the capped delay of ``Policy.schedule()`` (core/backoff.py).
+JITTER_TEXT = {
+    "full": "full jitter: each a random time between 0 and that",
+    "equal": "equal jitter: each a random time between half of that and that",
+}
+
+
+def _delays(policy: Any) -> str:
+    """The retry delays as ``--list`` shows them: with jitter, the caps ("up to")."""
+    sched = ", ".join(f"{d:g}s" for d in policy.schedule())
+    if not sched:
+        return "no retry"
+    jitter = JITTER_TEXT.get(policy.jitter)
+    return f"delays up to {sched} ({jitter})" if jitter else f"delays {sched} (no jitter)"
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:

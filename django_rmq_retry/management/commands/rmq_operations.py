@@ -25,9 +25,16 @@ class Command(BaseCommand):
             "--once", action="store_true", help="Exit once no operation is running."
         )
         parser.add_argument("--list", action="store_true", help="List the latest operations.")
-        parser.add_argument("--pause", type=int, metavar="ID")
-        parser.add_argument("--resume", type=int, metavar="ID")
-        parser.add_argument("--cancel", type=int, metavar="ID")
+        parser.add_argument("--pause", type=int, metavar="ID", help="Pause the operation ID.")
+        parser.add_argument(
+            "--resume", type=int, metavar="ID", help="Resume the paused operation ID."
+        )
+        parser.add_argument(
+            "--cancel",
+            type=int,
+            metavar="ID",
+            help="Cancel the operation ID (what it sent stays sent).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         for verb in ("pause", "resume", "cancel"):

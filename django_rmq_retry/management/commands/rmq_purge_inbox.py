@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry.inbox import purge_handled
 from django_rmq_retry.management.filters import parse_duration
+from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.preflight import require_tables
 
 
@@ -18,8 +19,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", help="Age such as 7d, 12h, 90m or 3600 (seconds).")
-        parser.add_argument("--dry-run", action="store_true")
+        parser.add_argument(
+            "--older-than",
+            help="Age such as 7d, 12h, 90m or 3600 (seconds) "
+            f"{from_setting('INBOX_RETENTION_DAYS', ' days')}.",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count the rows it would delete; delete none."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         require_tables()

@@ -25,7 +25,9 @@ class Command(BaseCommand):
             action="store_true",
             help="Also delete rows still parked (their messages are lost for good).",
         )
-        parser.add_argument("--dry-run", action="store_true")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count the rows it would delete; delete none."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         require_tables()

@@ -19,7 +19,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default="default")
+        parser.add_argument(
+            "--database",
+            default="default",
+            help="Database alias of the parked table (default: %(default)s).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]

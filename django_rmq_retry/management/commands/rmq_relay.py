@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_rmq_retry.consumer.housekeeper import Housekeeper
+from django_rmq_retry.management.helptext import setting_value
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.models import OutboxMessage
 from django_rmq_retry.outbox import release_held
@@ -25,7 +26,9 @@ class Command(BaseCommand):
             help="Publish what is pending now, then exit (rows waiting after a refusal stay).",
         )
         parser.add_argument(
-            "--database", default="default", help="Database alias of the outbox table."
+            "--database",
+            default="default",
+            help="Database alias of the outbox table (default: %(default)s).",
         )
         parser.add_argument(
             "--release-held",
@@ -35,7 +38,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-inbox-purge",
             action="store_true",
-            help="Do not purge old handled-message rows of idempotent receivers hourly.",
+            help="Do not purge, hourly, the handled-message rows of idempotent receivers "
+            f"older than INBOX_RETENTION_DAYS (now {setting_value('INBOX_RETENTION_DAYS')}).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -11,6 +11,7 @@ from django_rmq_retry import parking
 from django_rmq_retry.consumer.operations_runner import OperationsRunner
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
+from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.management.progress import Progress
 from django_rmq_retry.models import OperationState
@@ -18,7 +19,10 @@ from django_rmq_retry.parking import operations
 
 
 class Command(BaseCommand):
-    help = "Requeue parked messages matching the filters, in batches, with publisher confirms."
+    help = (
+        "Requeue parked messages matching the filters, in batches, with publisher confirms. "
+        "With no filter, EVERY parked message is requeued: count them first with --dry-run."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         add_filter_arguments(parser)
@@ -29,9 +33,17 @@ class Command(BaseCommand):
             "(ALL receivers of the topic get it), not just the failed receiver.",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count what would be requeued.")
-        parser.add_argument("--limit", type=int, help="Requeue at most this many rows.")
-        parser.add_argument("--batch-size", type=int, help="Rows per batch (default: BATCH_SIZE).")
-        parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+        parser.add_argument(
+            "--limit", type=int, help="Requeue at most this many rows (default: no limit)."
+        )
+        parser.add_argument(
+            "--batch-size", type=int, help=f"Rows per batch {from_setting('BATCH_SIZE')}."
+        )
+        parser.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="No progress report (default: a bar on a terminal, a line every 5 s elsewhere).",
+        )
         group = parser.add_argument_group(
             "background operation",
             "Any of these makes the requeue an operation (as the admin's background requeue): "

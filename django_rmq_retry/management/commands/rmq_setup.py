@@ -27,7 +27,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("receivers", nargs="*", help="Receiver dotted paths or queue names.")
+        parser.add_argument(
+            "receivers",
+            nargs="*",
+            help="Receiver dotted paths or queue names (default: every registered receiver).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         receivers = self._select(options["receivers"])
