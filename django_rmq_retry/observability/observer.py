@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterator, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, TypeVar
 
 from ..core.message import Message
 from ..core.names import Names
@@ -14,6 +15,27 @@ from ..hooks import Hooks
 from .health import Health
 
 logger = logging.getLogger("django_rmq_retry.observability")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def never_raises(method: F) -> F:
+    """A hook that fails (a broken exporter, a bug of ours) is logged, once per hook, and
+    otherwise ignored: observability never stops a consumer (nor settles a message)."""
+    failed = False
+
+    @functools.wraps(method)
+    def safe(*args: Any, **kwargs: Any) -> Any:
+        nonlocal failed
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            if not failed:
+                failed = True
+                logger.exception("observability hook %s failed (said once)", method.__name__)
+            return None
+
+    return safe  # type: ignore[return-value]
 
 
 class Observer(Hooks):
@@ -37,6 +59,7 @@ class Observer(Hooks):
         self._ready: bool | None = None
 
     # Receiver attempts (receiver threads) ----------------------------------------------------
+    @never_raises
     def attempt_started(self, message: Message) -> Any:
         span = self.tracing.start(message) if self.tracing is not None else None
         m = self.metrics
@@ -48,7 +71,10 @@ class Observer(Hooks):
                     m.lateness.labels(message.receiver).observe(late)
         return (time.perf_counter(), message.receiver, span)
 
+    @never_raises
     def attempt_ended(self, token: Any, error: BaseException | None, action: Any) -> None:
+        if token is None:  # attempt_started failed
+            return
         started, receiver, span = token
         if self.tracing is not None:
             self.tracing.end(span, error, action)
@@ -58,10 +84,12 @@ class Observer(Hooks):
             m.in_flight.labels(receiver).dec()
 
     # The consumer's threads -------------------------------------------------------------------
+    @never_raises
     def settled(self, receiver: str, queue: str, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.messages.labels(receiver, outcome).inc()
 
+    @never_raises
     def loop_tick(self, ready: bool) -> None:
         if self.health is not None:
             self.health.tick(ready)
@@ -74,10 +102,12 @@ class Observer(Hooks):
                 m.ready.set(1 if ready else 0)
                 m.heartbeat.set(now)
 
+    @never_raises
     def reconnecting(self) -> None:
         if self.metrics is not None:
             self.metrics.reconnects.inc()
 
+    @never_raises
     def parked_batch(self, size: int, lag_seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.park_batch.observe(size)
@@ -91,6 +121,7 @@ class Observer(Hooks):
             except Exception:  # tracing never fails a requeue
                 logger.exception("tracing a requeue failed")
 
+    @never_raises
     def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
         if self.tracing is not None:
             self.tracing.retry_copy(headers)

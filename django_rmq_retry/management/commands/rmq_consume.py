@@ -194,6 +194,8 @@ class Command(BaseCommand):
         port, health_dir = options["metrics_port"], options["health_dir"]
         directory = None
         if port is not None or health_dir:
+            # The environment's PROMETHEUS_MULTIPROC_DIR is kept after the run; ours is not.
+            options["_kept_directory"] = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
             directory = self._children_directory(env, metrics=port is not None)
             if port is not None:
                 args += ["--metrics-port", str(port)]  # the children count, we serve
@@ -232,6 +234,10 @@ class Command(BaseCommand):
             if server is not None:
                 server.shutdown()
                 server.server_close()
+            if directory is not None and not options.get("_kept_directory"):
+                import shutil
+
+                shutil.rmtree(directory, ignore_errors=True)  # ours: a fresh temporary one
         if code:
             raise CommandError("a consumer process exited with an error (see the log above).")
         self.stdout.write(
