@@ -66,6 +66,10 @@ DEFAULTS: dict[str, Any] = {
     # each this many seconds get a WARNING line each, the rest one line with their count.
     # 0 logs every park on its own line.
     "PARK_LOG_INTERVAL": 10,
+    # The broker's largest message body in bytes (RabbitMQ's max_message_size: 128 MiB by
+    # default on 3.x, 16 MiB on 4.x). A larger one is refused before it is sent, with a clear
+    # error, instead of the broker closing the channel under the messages beside it. 0: no check.
+    "MAX_MESSAGE_SIZE": 128 * 1024 * 1024,
     # Seconds a warm shutdown waits for in-flight receivers before it gives up.
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.

@@ -43,6 +43,7 @@ from .core.errors import (
     BrokerUnavailable,
     ChannelClosed,
     ConnectionLost,
+    MessageRefused,
     NackedError,
     PublishError,
     TopologyError,
@@ -257,6 +258,19 @@ class Publisher:
     def _publish(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
         """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
         self._answer(items, window)
+        refused = [i for i in items if i.refused]
+        if refused:
+            first = refused[0]
+            error = _batch_error(
+                items,
+                f"the broker refuses message {first.message_id!r} to {first.exchange!r} "
+                f"(routing key {first.routing_key!r}): {first.refused}"
+                + (f"; {len(refused) - 1} more refused" if len(refused) > 1 else ""),
+                MessageRefused,
+            )
+            error.message_id = first.message_id  # type: ignore[attr-defined]
+            error.reason = first.refused  # type: ignore[attr-defined]
+            raise error
         nacked = sum(1 for i in items if i.nacked)
         returned = sum(1 for i in items if i.returned)
         if nacked:
@@ -314,8 +328,9 @@ class Publisher:
     ) -> None:
         """The transport's part of :meth:`_stream` and :meth:`_batches`
         (``testing`` has its own): ``sent`` (if given) collects what was published."""
+        sent = sent if sent is not None else []
         try:
-            outcome = self._batch_pipeline().run(items, window, sent)
+            outcome = self._run(items, window, sent)
         except BrokerUnavailable as exc:
             raise _stream_error(sent, str(exc)) from exc
         except ConnectionLost as exc:
@@ -327,6 +342,15 @@ class Publisher:
             # channel would stay open beside the next one until the connection closes.
             self._retire_pipeline()
             raise
+        if outcome.refusal is not None:
+            # One message cost the channel: find it among those without an answer, and end
+            # the stream there (the caller goes on with what it did not hand over yet).
+            self._pipeline = None
+            try:
+                self._isolate(sent, outcome.refusal)
+            except PublishError as exc:
+                raise _stream_error(sent, str(exc)) from exc
+            return
         if outcome.channel_error is not None:
             self._pipeline = None
             raise _stream_error(sent, f"publish failed: {outcome.channel_error}")
@@ -379,6 +403,64 @@ class Publisher:
             if stream.exhausted:
                 return
 
+    def _run(
+        self,
+        items: Iterable[broker.Outgoing | None],
+        window: int,
+        sent: list[broker.Outgoing] | None = None,
+    ) -> broker.BatchOutcome:
+        """``Pipeline.run`` on this publisher's pipeline. A connection the broker closed for
+        what one message carried (a frame error) comes back as the outcome's ``refusal``
+        (the connection dropped), not as a lost connection: it is no outage."""
+        pipe = self._batch_pipeline()
+        try:
+            return pipe.run(items, window, sent)
+        except ConnectionLost:
+            why = pipe.channel.refusal
+            if why is None:
+                raise
+            self._drop()
+            return broker.BatchOutcome(channel_error=why, refusal=why)
+
+    def _isolate(self, items: Sequence[broker.Outgoing], why: str) -> None:
+        """The broker closed the channel (or the connection) for what one of ``items``
+        carried, and those without an answer got none: publish each of them alone, in
+        order, on a fresh channel. The one the broker refuses again is marked refused
+        (``item.refused``); the others get their answer. Each is published once more at
+        most, and the messages after the culprit flow. Raises ``PublishError`` when the
+        broker cannot be reached meanwhile (an outage after all)."""
+        suspects = [item for item in items if not item.state]
+        logger.warning(
+            "the broker closed the publishing channel over one message (%s); publishing the "
+            "%d message(s) it left without an answer one at a time to find it",
+            why,
+            len(suspects),
+        )
+        for item in suspects:
+            try:
+                outcome = self._run([item], 1)
+            except BrokerUnavailable as exc:
+                raise PublishError(str(exc)) from exc
+            except ConnectionLost as exc:
+                self._drop()
+                raise PublishError(f"publish failed: {exc}") from exc
+            if outcome.refusal is not None:
+                self._pipeline = None
+                item.refuse(outcome.refusal)
+                logger.error(
+                    "the broker refuses message %r to %r (routing key %r): %s",
+                    item.message_id,
+                    item.exchange,
+                    item.routing_key,
+                    outcome.refusal,
+                )
+            elif outcome.channel_error is not None:
+                self._pipeline = None
+                raise PublishError(f"publish failed: {outcome.channel_error}")
+            elif outcome.timed_out:
+                self._drop()
+                raise PublishError("the broker did not confirm every message in time")
+
     def _batch_pipeline(self) -> broker.Pipeline:
         connection = self._ensure_connection()  # (re)connects; notices a dead connection
         pipe = self._pipeline
@@ -428,10 +510,10 @@ class Publisher:
             nonlocal todo
             # After a lost connection, which messages got through is unknown for every
             # one not confirmed yet: those are published again (at-least-once).
-            todo = [i for i in todo if not items[i].confirmed]
+            todo = [i for i in todo if not items[i].confirmed and not items[i].refused]
             if not todo:
                 return None
-            return self._batch_pipeline().run((items[i] for i in todo), window)
+            return self._run((items[i] for i in todo), window)
 
         def give_up(exc: ConnectionLost) -> PublishError | None:
             if all(items[i].confirmed for i in todo):
@@ -440,6 +522,13 @@ class Publisher:
 
         outcome = self._reconnecting(publish, give_up)
         if outcome is None:
+            return
+        if outcome.refusal is not None:
+            self._pipeline = None
+            try:
+                self._isolate([items[i] for i in todo], outcome.refusal)
+            except PublishError as exc:
+                raise _batch_error(items, str(exc), PublishError) from exc
             return
         if outcome.channel_error is not None:
             self._pipeline = None

@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from ..core.errors import ConnectionLost
+from ..conf import app_settings
+from ..core.errors import ConnectionLost, MessageRefused
 from .connection import Connection
-from .errors import LOST, describe
+from .errors import LOST, describe, refusal
 from .pikaext import FrameWriter, async_channel
-from .wire import Encoded, encode_properties
+from .wire import Encoded, decode_properties, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
@@ -31,6 +33,53 @@ STALL_TIMEOUT = 30.0
 FLUSH_EVERY = 100
 #: Seconds the I/O loop runs when a lazy source has nothing to publish yet.
 IDLE_PUMP = 0.002
+#: A content-header frame's bytes beside the properties: the frame's type, channel and
+#: size (7), class id, weight and body size (12), the frame-end octet (1).
+HEADER_FRAME_OVERHEAD = 20
+#: The ``user_id`` bit of the properties' flag word.
+_USER_ID_FLAG = 1 << 4
+
+
+def login_of(url: str) -> str | None:
+    """The user a connection to ``url`` logs in as (pika's default: guest); ``None`` when
+    the URL says nothing we can read (no URL at all)."""
+    if not url:
+        return None
+    try:
+        user = urlsplit(url).username
+    except ValueError:
+        return None
+    return unquote(user) if user else "guest"
+
+
+def early_refusal(
+    body: bytes, wire: Encoded, *, login: str | None, frame_max: int, max_message_size: int
+) -> str:
+    """Why the broker would refuse this message for what it carries ("" when nothing
+    says so beforehand): refused here, with a clear reason, it never costs the channel (or
+    the connection) and the messages in flight beside it."""
+    data = wire.data
+    if login is not None and len(data) >= 2 and (data[0] << 8 | data[1]) & _USER_ID_FLAG:
+        user_id = decode_properties(data).get("user_id")
+        if isinstance(user_id, bytes):
+            user_id = user_id.decode("utf-8", "replace")
+        if user_id != login:
+            return (
+                f"its user_id {user_id!r} is not the connection's login {login!r} "
+                "(RabbitMQ closes the channel: 406 PRECONDITION_FAILED)"
+            )
+    if frame_max and len(data) + HEADER_FRAME_OVERHEAD > frame_max:
+        return (
+            f"its properties take {len(data)} bytes: with the frame's own "
+            f"{HEADER_FRAME_OVERHEAD} they exceed the connection's frame_max of {frame_max} "
+            "(RabbitMQ closes the connection: 501 FRAME_ERROR)"
+        )
+    if max_message_size and len(body) > max_message_size:
+        return (
+            f"its body of {len(body)} bytes exceeds the broker's maximum message size of "
+            f"{max_message_size} (MAX_MESSAGE_SIZE; RabbitMQ closes the channel: 406)"
+        )
+    return ""
 
 
 class ConfirmChannel:
@@ -57,6 +106,9 @@ class ConfirmChannel:
         self.broken: BaseException | None = None
         self.on_broken: Callable[[], None] | None = None
         self.ready = False
+        self._login = login_of(connection.url)
+        self._frame_max = int(getattr(connection, "frame_max", 0) or 0)
+        self._max_message_size = int(app_settings.MAX_MESSAGE_SIZE or 0)
         self._frames = FrameWriter(self.impl)
         self.impl.add_on_return_callback(self._on_return)
         self.impl.add_on_close_callback(self._on_close)
@@ -70,6 +122,12 @@ class ConfirmChannel:
     def broken_reason(self) -> str | None:
         return None if self.broken is None else describe(self.broken)
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the broker closed this channel (or its connection) for what one message
+        carried, if that is why it closed (``errors.refusal``); ``None`` otherwise."""
+        return refusal(self.broken)
+
     def _set_ready(self) -> None:
         self.ready = True
 
@@ -81,16 +139,28 @@ class ConfirmChannel:
         properties: Mapping[str, Any] | Encoded,
         on_settled: Callable[[bool, bool], None],
     ) -> None:
-        """Publish; ``properties`` are our mapping, or already encoded (:mod:`.wire`)."""
+        """Publish; ``properties`` are our mapping, or already encoded (:mod:`.wire`).
+
+        Raises ``MessageRefused`` (nothing sent) for a message the broker would refuse for
+        what it carries (:func:`early_refusal`)."""
         if self.broken is not None:
             raise ConnectionLost(f"confirm channel closed: {describe(self.broken)}")
-        tag = self.next_tag
-        self.next_tag += 1
         if isinstance(properties, Encoded):
             message_id, on_wire = properties.message_id, properties
         else:
             message_id = properties.get("message_id")
             on_wire = Encoded(encode_properties(properties), message_id)
+        why = early_refusal(
+            body,
+            on_wire,
+            login=self._login,
+            frame_max=self._frame_max,
+            max_message_size=self._max_message_size,
+        )
+        if why:
+            raise MessageRefused(why, message_id)
+        tag = self.next_tag
+        self.next_tag += 1
         self.pending[tag] = _Pending(on_settled, message_id, exchange, routing_key, body)
         self._by_message.setdefault(message_id, []).append(tag)
         try:
@@ -173,7 +243,16 @@ class Outgoing:
     (``wire``: the outbox's rows), published as they are and decoded only if asked for.
     """
 
-    __slots__ = ("_properties", "body", "exchange", "returned", "routing_key", "state", "wire")
+    __slots__ = (
+        "_properties",
+        "body",
+        "exchange",
+        "refused",
+        "returned",
+        "routing_key",
+        "state",
+        "wire",
+    )
 
     def __init__(
         self,
@@ -190,8 +269,10 @@ class Outgoing:
         self.body = body
         self._properties = properties
         self.wire = wire
-        self.state = ""  # "" unsent/unknown, "ack", "nack"
+        self.state = ""  # "" unsent/unknown, "ack", "nack", "refused"
         self.returned = False
+        #: Why the broker refuses this message for what it carries (state "refused").
+        self.refused = ""
 
     @property
     def properties(self) -> Mapping[str, Any]:
@@ -215,11 +296,19 @@ class Outgoing:
     def nacked(self) -> bool:
         return self.state == "nack"
 
+    def refuse(self, reason: str) -> None:
+        """The broker refuses this message for what it carries: a final answer."""
+        self.state = "refused"
+        self.refused = reason
+
 
 @dataclass
 class BatchOutcome:
     channel_error: str | None = None  # why the channel closed, if it did
     timed_out: bool = False
+    #: The channel (or connection) closed because of what one message carried: which one of
+    #: those without an answer is for the publisher to find (``Publisher._isolate``).
+    refusal: str | None = None
 
 
 class Pipeline:
@@ -328,13 +417,17 @@ class Pipeline:
                 sent.append(item)
             item.state = ""
             item.returned = False
-            self.channel.publish(
-                item.exchange,
-                item.routing_key,
-                item.body,
-                item.properties if item.wire is None else item.wire,
-                functools.partial(self._settle, item),
-            )
+            try:
+                self.channel.publish(
+                    item.exchange,
+                    item.routing_key,
+                    item.body,
+                    item.properties if item.wire is None else item.wire,
+                    functools.partial(self._settle, item),
+                )
+            except MessageRefused as exc:  # not sent: its answer is known already
+                item.refuse(exc.reason)
+                continue
             if number % FLUSH_EVERY == 0:
                 # Frames wait in pika's buffer until the I/O loop runs: hand them to the
                 # socket (and take in confirms) while the next ones are marshalled.
@@ -343,6 +436,7 @@ class Pipeline:
             outcome.timed_out = True
         if self.channel.broken is not None:
             outcome.channel_error = self.channel.broken_reason
+            outcome.refusal = self.channel.refusal
         return outcome
 
 
@@ -350,4 +444,11 @@ def _noop() -> None:
     """Timer callback whose only job is to make ``process_data_events`` return."""
 
 
-__all__ = ["BatchOutcome", "ConfirmChannel", "Outgoing", "Pipeline", "settled_reason"]
+__all__ = [
+    "BatchOutcome",
+    "ConfirmChannel",
+    "Outgoing",
+    "Pipeline",
+    "early_refusal",
+    "settled_reason",
+]

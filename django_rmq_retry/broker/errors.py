@@ -52,6 +52,25 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+#: Reply codes of a channel the broker closes for what one message carried: 403 (this login
+#: may not write to that exchange), 406 (a ``user_id`` that is not the login, a message over
+#: ``max_message_size``).
+REFUSING_CHANNEL = frozenset({403, 406})
+#: Reply codes of a connection the broker closes for what one message carried: frame errors
+#: (501 ``frame_too_large``: properties larger than a frame), 502 syntax, 505 unexpected frame.
+REFUSING_CONNECTION = frozenset({501, 502, 505})
+
+
+def refusal(exc: BaseException | None) -> str | None:
+    """Why the broker refused one message, if ``exc`` (a channel's or connection's closing
+    reason) is such a refusal; ``None`` for anything else (an outage, a shutdown, a 404)."""
+    if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code in REFUSING_CHANNEL:
+        return describe(exc)
+    if isinstance(exc, pex.ConnectionClosedByBroker) and exc.reply_code in REFUSING_CONNECTION:
+        return describe(exc)
+    return None
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """Run pika calls; raise their errors as ours (our own exceptions pass through)."""

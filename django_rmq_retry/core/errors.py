@@ -63,3 +63,15 @@ class ChannelClosed(ConnectionLost):
 
 class NackedError(PublishError):
     """The broker refused (nacked) a message."""
+
+
+class MessageRefused(PublishError):
+    """The broker refuses this message for what it carries, not for being unreachable: a
+    ``user_id`` that is not the connection's login, properties too large for a frame, a body
+    over the broker's maximum message size, an exchange this login may not write to.
+    Publishing it again will not help; the messages beside it are not concerned."""
+
+    def __init__(self, reason: str, message_id: object = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.message_id = message_id

@@ -6,6 +6,10 @@ publish them pipelined with confirms, delete the confirmed ones, and count a ref
 (unroutable, nacked) against the rows the broker refused. A relay killed mid-round rolls
 back: its rows are published again by the next round, with the same message ids (the only
 duplicates the outbox makes). An unreachable broker leaves the rows untouched and raises.
+A row the broker refuses for what it carries (a ``user_id`` that is not the relay's login,
+properties too large for a frame: it closes the channel or the connection) is no outage: the
+publisher finds it, the round holds it at once with the broker's reason, and the rows after
+it flow.
 
 Order: the rows one transaction wrote for one topic are published in the order written. A
 round leaves a row whose transaction has an earlier row of the same topic still pending
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import queue
 import threading
 from collections.abc import Generator, Iterator
@@ -40,6 +45,8 @@ from ..core.errors import PublishError
 from ..core.json_columns import headers_from_json
 from ..models import OutboxMessage, OutboxStatus
 from ..publishing import Publisher, get_publisher
+
+logger = logging.getLogger("django_rmq_retry.outbox")
 
 #: Set after every commit that wrote outbox rows: a relay in this process wakes at once.
 relay_wakeup = threading.Event()
@@ -427,9 +434,31 @@ def _settle(
     without an answer are left as they are. Returns (published, refused, newly held)."""
     done = [claimed[id(item)].id for item in answered if item.confirmed]
     refused = [(claimed[id(item)], item) for item in answered if item.nacked or item.returned]
+    culprits = [(claimed[id(item)], item) for item in answered if item.refused]
     if done:
         OutboxMessage.objects.using(using).filter(ids_in(done, using)).delete()
-    return len(done), len(refused), _count_refusals(refused, now, using)
+    held = _count_refusals(refused, now, using) + _hold_culprits(culprits, using)
+    return len(done), len(refused) + len(culprits), held
+
+
+def _hold_culprits(culprits: list[tuple[_Claim, broker.Outgoing]], using: str) -> int:
+    """Hold each row the broker refuses for what it carries (a ``user_id`` that is not the
+    relay's login, properties too large for a frame, ...): publishing it again cannot
+    help, so it waits for an operator at once (the outbox admin shows why) while the rows
+    after it flow. Not counted as an outage: nothing else is held up by it."""
+    for row, item in culprits:
+        logger.error(
+            "outbox row %s (message %r) is held: the broker refuses it: %s",
+            row.id,
+            item.message_id,
+            item.refused,
+        )
+        OutboxMessage.objects.using(using).filter(pk=row.id).update(
+            attempts=row.attempts + 1,
+            last_error=f"refused by the broker: {item.refused}",
+            status=OutboxStatus.HELD,
+        )
+    return len(culprits)
 
 
 def _count_refusals(

@@ -223,10 +223,14 @@ def requeue(
         rows = in_flight.popleft()
         statuses = [item.confirmed for item in batch]
         lost = any(not item.state for item in batch)  # no answer: the publisher raises
+        # Rows the broker refuses for what they carry: kept parked, with the reason.
+        refused = {
+            row.pk: item.refused for row, item in zip(rows, batch, strict=True) if item.refused
+        }
         if marks is not None:
-            marks.submit(rows, statuses, lost)
+            marks.submit(rows, statuses, lost, refused)
         else:
-            settle(rows, statuses, lost, result)
+            settle(rows, statuses, lost, refused, result)
         if progress:
             progress(result)
 
@@ -406,23 +410,28 @@ class _ClaimAhead:
 
 
 class _Marks:
-    """Runs ``settle(rows, statuses, lost, result)`` for each published chunk on a thread,
+    """Runs ``settle(rows, statuses, lost, refused, result)`` for each published chunk on a thread,
     in order, at most two chunks behind the publisher. ``close`` waits for the last one and
     raises what a settle raised (a database error: the rows it did not mark stay claimed,
     and the caller's release puts them back)."""
 
     def __init__(
-        self, settle: Callable[[list[_Stored], list[bool], bool, RequeueResult], None], result: Any
+        self,
+        settle: Callable[[list[_Stored], list[bool], bool, dict[int, str], RequeueResult], None],
+        result: Any,
     ) -> None:
         self._settle = settle
         self._result = result
-        self._queue: queue.Queue[tuple[list[_Stored], list[bool], bool] | None] = queue.Queue(2)
+        self._queue: queue.Queue[tuple[list[_Stored], list[bool], bool, dict[int, str]] | None]
+        self._queue = queue.Queue(2)
         self._error: BaseException | None = None
         self._thread = start_daemon(self._run, "rmq-requeue-marks")
 
-    def submit(self, rows: list[_Stored], statuses: list[bool], lost: bool) -> None:
+    def submit(
+        self, rows: list[_Stored], statuses: list[bool], lost: bool, refused: dict[int, str]
+    ) -> None:
         self._raise()
-        self._queue.put((rows, statuses, lost))
+        self._queue.put((rows, statuses, lost, refused))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -498,6 +507,7 @@ def _settle(
     rows: list[_Stored],
     statuses: list[bool],
     lost: bool,
+    refused_by_broker: dict[int, str],
     result: RequeueResult,
     *,
     token: str,
@@ -515,7 +525,16 @@ def _settle(
         ParkedClaim.objects.using(using).filter(
             ids_in([row.pk for row in refused], using), token=token
         ).delete()
+    for row in refused:
+        if row.pk not in refused_by_broker:
+            continue
+        why = refused_by_broker[row.pk]
+        result.failed += 1
+        result.add_error(f"#{row.pk}: the broker refuses it: {why}")
+        _note_refusal(row.pk, why, using)
     for row in [] if lost else refused:
+        if row.pk in refused_by_broker:
+            continue
         result.failed += 1
         if mode == MODE_TOPIC:
             text = (
@@ -524,6 +543,24 @@ def _settle(
         else:
             text = f"the broker refused the message for queue {row.queue!r}"
         result.add_error(f"#{row.pk}: {text}")
+
+
+def _note_refusal(pk: int, why: str, using: str) -> None:
+    """The row stays parked and says why the broker refuses its copy (an event in its
+    history, shown on its admin page): requeueing it again as it is cannot help, and its
+    batch's other rows went on without it."""
+    logger.error("parked message #%s was not requeued: the broker refuses it: %s", pk, why)
+    with transaction.atomic(using=using):
+        row = ParkedMessage.objects.using(using).select_for_update().filter(pk=pk).first()
+        if row is None:
+            return
+        event = {
+            "at": timezone.now().isoformat(),
+            "event": "requeue refused",
+            "reason": f"the broker refuses it: {why}"[:1000],
+        }
+        row.history = [*(row.history or []), event][-50:]
+        row.save(update_fields=["history"])
 
 
 def _mark_requeued(
