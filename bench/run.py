@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick    # smaller counts and shorter delays
     .venv/bin/python bench/run.py happy delay   # only these scenarios
 
-Scenarios: happy, publishing, retry, delay, parking, requeue, growth, peers. Needs RabbitMQ
+Scenarios: happy, publishing, retry, delay, parking, requeue, growth, io, peers. Needs RabbitMQ
 (RMQ_URL) and, for parking/requeue on PostgreSQL, a server at BENCH_PG_URL (an admin URL;
 the run creates and drops its own database). Every run uses a fresh prefix and deletes its
 queues, exchanges, database and files at the end, also when it fails.
@@ -33,6 +33,7 @@ ORDER = [
     "outbox",
     "growth",
     "observability",  # metrics + tracing on vs off, happy and retry paths
+    "io",  # 50 ms of I/O per message: threads, async def, and the peers' best pools
     "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
 ]
 
@@ -49,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         setup_django(run)
+        from bench.io_bound import io
         from bench.peers.scenario import peers
         from bench.scenarios import SCENARIOS
 
-        scenarios = {**SCENARIOS, "peers": peers}  # bench/peers: optional peers, last
+        scenarios = {**SCENARIOS, "io": io, "peers": peers}  # bench/peers: optional peers, last
         for name in ORDER:
             if name not in wanted:
                 continue

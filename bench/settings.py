@@ -17,6 +17,7 @@ RMQ_RETRY = {
     **RMQ_RETRY,
     "PREFIX": env("RMQ_PREFIX", default="rmq_bench"),
     "PREFETCH": env.int("BENCH_PREFETCH", default=20),
+    "ASYNC_CONCURRENCY": env.int("BENCH_ASYNC_CONCURRENCY", default=100),
 }
 if "BENCH_LANDING_MS" in env.ENVIRON:  # unset: the product's default landing
     RMQ_RETRY["DELAY_LANDING_MS"] = env.int("BENCH_LANDING_MS")

@@ -8,9 +8,11 @@ timed from the first to the last call, so a consumer that stops on ``--max-idle-
 (two processes) is measured like one that stops on ``--max-messages``.
 """
 
+import asyncio
 import atexit
 import json
 import os
+import threading
 import time
 
 from bench.cpuwork import burn
@@ -23,6 +25,11 @@ retry_topic = Topic("bench.retry")
 delay_topic = Topic("bench.delay")
 park_topic = Topic("bench.park")
 requeue_topic = Topic("bench.requeue")
+io_topic = Topic("bench.io")
+aio_topic = Topic("bench.aio")
+
+#: Seconds of I/O one message of the I/O-bound scenario waits for.
+IO_SECONDS = 0.05
 
 _marked = False
 _calls = 0
@@ -47,10 +54,14 @@ def _mark_end(path: str) -> None:
             fh.write(f"end {_last} {os.getpid()} {_calls}\n")
 
 
+_count_lock = threading.Lock()
+
+
 def _count_call() -> None:
     global _calls, _last
-    _calls += 1
-    _last = time.time()
+    with _count_lock:  # several receiver threads in the I/O-bound scenario
+        _calls += 1
+        _last = time.time()
 
 
 @receiver(noop_topic)
@@ -65,6 +76,22 @@ def bench_cpu(message, **kwargs):
     """About 0.5 ms of pure-Python CPU per message (the process-scaling benchmark)."""
     mark_first()
     burn()
+    _count_call()
+
+
+@receiver(io_topic)
+def bench_io(message, **kwargs):
+    """50 ms of blocking I/O (a sleep) per message: the I/O-bound scenario's threads."""
+    mark_first()
+    time.sleep(IO_SECONDS)
+    _count_call()
+
+
+@receiver(aio_topic)
+async def bench_aio(message, **kwargs):
+    """50 ms of awaited I/O per message: the I/O-bound scenario's event loop."""
+    mark_first()
+    await asyncio.sleep(IO_SECONDS)
     _count_call()
 
 

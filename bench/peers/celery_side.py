@@ -2,7 +2,9 @@
 
     python -m bench.peers.celery_side MODE QUEUE N PREFETCH MARKFILE [TIMESFILE]
 
-MODE ``noop``: a task that does nothing, stopped after N calls. MODE ``retry``: a task whose
+MODE ``noop``: a task that does nothing, stopped after N calls. MODE ``io``: a task that
+sleeps 50 ms (blocking I/O; ``BENCH_CELERY_POOL=gevent`` patches it), stopped after N calls,
+on ``BENCH_CELERY_CONCURRENCY`` workers of the pool. MODE ``retry``: a task whose
 first attempt of each message calls ``self.retry(countdown=<the message's delay>)`` and
 whose second attempt succeeds, stopped after N successes (the last call asks the worker for
 a warm shutdown: the task returns, is acked, and the worker exits). Both write ``MARKFILE``
@@ -33,13 +35,18 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-TASKS = {"noop": "bench_peer_noop", "retry": "bench_peer_retry"}
+TASKS = {"noop": "bench_peer_noop", "retry": "bench_peer_retry", "io": "bench_peer_io"}
 POOL = os.environ.get("BENCH_CELERY_POOL", "solo")
+#: Pool size (``--concurrency``): 1 everywhere but the I/O-bound scenario.
+CONCURRENCY = int(os.environ.get("BENCH_CELERY_CONCURRENCY", "1"))
+#: Seconds of I/O per message in ``io`` mode (a sleep; gevent's pool patches it).
+IO_SECONDS = 0.05
 
 
 def exchange_for(queue: str) -> str:
@@ -88,6 +95,10 @@ def main(argv: list[str]) -> int:
     if mode not in TASKS:
         raise SystemExit(f"unknown mode {mode!r}")
     n = int(n_text)
+    if POOL == "gevent":  # what `celery worker -P gevent` does before anything else
+        from gevent import monkey
+
+        monkey.patch_all()
     from bench.peers.record import Recorder
 
     app = make_app(queue, int(prefetch), confirm=True)
@@ -119,12 +130,19 @@ def main(argv: list[str]) -> int:
         if rec.ok(i) == n:
             stop()
 
+    @app.task(name=TASKS["io"])
+    def bench_peer_io(i: int, delay: Any = None) -> None:
+        rec.first()
+        time.sleep(IO_SECONDS)
+        if rec.ok() == n:
+            stop()
+
     try:
         app.worker_main(
             [
                 "worker",
                 f"--pool={POOL}",
-                "--concurrency=1",
+                f"--concurrency={CONCURRENCY}",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

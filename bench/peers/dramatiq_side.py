@@ -2,7 +2,9 @@
 
     python -m bench.peers.dramatiq_side MODE QUEUE N PREFETCH MARKFILE [TIMESFILE]
 
-MODE ``noop``: an actor that does nothing, stopped after N calls. MODE ``retry``: an actor
+MODE ``noop``: an actor that does nothing, stopped after N calls. MODE ``io``: an actor
+that sleeps 50 ms (blocking I/O), stopped after N calls, on ``BENCH_DRAMATIQ_THREADS``
+worker threads (greenlets with ``BENCH_DRAMATIQ_GEVENT=1``, as ``dramatiq-gevent`` runs). MODE ``retry``: an actor
 whose first attempt of each message raises ``dramatiq.Retry(delay=<the message's delay>)``
 and whose second attempt succeeds, stopped after N successes. Both write ``MARKFILE`` (and
 ``TIMESFILE``) as ``bench/peers/record.py`` says.
@@ -30,6 +32,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -37,7 +40,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 URL = os.environ.get("RMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 WORKER_TIMEOUT_MS = 100
 DELAY_PREFETCH = 10_000
-ACTORS = {"noop": "bench_peer_noop", "retry": "bench_peer_retry"}
+ACTORS = {"noop": "bench_peer_noop", "retry": "bench_peer_retry", "io": "bench_peer_io"}
+#: Worker threads (1 everywhere but the I/O-bound scenario); greenlets with BENCH_DRAMATIQ_GEVENT.
+THREADS = int(os.environ.get("BENCH_DRAMATIQ_THREADS", "1"))
+GEVENT = bool(os.environ.get("BENCH_DRAMATIQ_GEVENT"))
+#: Seconds of I/O per message in ``io`` mode (a sleep; patched by gevent when it is on).
+IO_SECONDS = 0.05
 
 
 def queues(queue: str) -> list[str]:
@@ -69,6 +77,10 @@ def publish(mode: str, queue: str, items: list[tuple[int, float]]) -> None:
 def main(argv: list[str]) -> int:
     mode, queue, n_text, prefetch, mark, *rest = argv
     n = int(n_text)
+    if GEVENT:  # what the dramatiq-gevent command does before anything else
+        from gevent import monkey
+
+        monkey.patch_all()
     # Dramatiq reads these (lower-case) variables when its worker module is imported.
     os.environ["dramatiq_queue_prefetch"] = prefetch  # noqa: SIM112
     os.environ["dramatiq_delay_queue_prefetch"] = str(DELAY_PREFETCH)  # noqa: SIM112
@@ -99,9 +111,17 @@ def main(argv: list[str]) -> int:
         if rec.ok(i) >= n:
             done.set()
 
-    fn = {"noop": bench_peer_noop, "retry": bench_peer_retry}[mode]
+    def bench_peer_io(i: int, delay: Any = None) -> None:
+        rec.first()
+        time.sleep(IO_SECONDS)
+        if rec.ok() >= n:
+            done.set()
+
+    fn = {"noop": bench_peer_noop, "retry": bench_peer_retry, "io": bench_peer_io}[mode]
     dramatiq.actor(fn, actor_name=ACTORS[mode], queue_name=queue, broker=broker, max_retries=3)
-    worker = Worker(broker, queues={queue}, worker_threads=1, worker_timeout=WORKER_TIMEOUT_MS)
+    worker = Worker(
+        broker, queues={queue}, worker_threads=THREADS, worker_timeout=WORKER_TIMEOUT_MS
+    )
     worker.start()
     finished = done.wait(timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", "600")))
     worker.stop()  # workers first (their acks are queued), then consumers (acks sent)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class Recorder:
         self.fails: dict[int, float] = {}
         self.oks: dict[int, float] = {}
         self.finished = False
+        self._lock = threading.Lock()  # workers with several threads (the I/O scenario)
 
     def first(self) -> None:
         """Call at the top of every call (only the first one writes)."""
@@ -45,11 +47,12 @@ class Recorder:
 
     def ok(self, i: int | None = None) -> int:
         """A successful call (of message ``i``, kept when timing retries); the count so far."""
-        self.last = time.time()
-        if i is not None:
-            self.oks[i] = self.last
-        self.count += 1
-        return self.count
+        with self._lock:
+            self.last = time.time()
+            if i is not None:
+                self.oks[i] = self.last
+            self.count += 1
+            return self.count
 
     def finish(self) -> None:
         """Write the end line and the times (once; also safe from ``atexit``)."""
