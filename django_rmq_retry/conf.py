@@ -124,6 +124,9 @@ DEFAULTS: dict[str, Any] = {
     # Days an idempotent receiver remembers a handled message (a duplicate arriving later
     # runs again). The consumer purges older rows hourly; rmq_purge_inbox does it on demand.
     "INBOX_RETENTION_DAYS": 7,
+    # The broker's maximum message size (RabbitMQ's max_message_size, 128 MiB by default):
+    # the admin refuses an edited body over it rather than let the broker close the channel.
+    "MAX_MESSAGE_BYTES": 134_217_728,
     # Observability (docs/howto/observability.md). A port: rmq_consume serves Prometheus
     # metrics (/metrics, needs the "prometheus" extra) and health probes (/healthz/live,
     # /healthz/ready) there; --metrics-port overrides it. None: no endpoint.

@@ -175,3 +175,21 @@ def test_rmq_requeue_runs_an_operation_with_the_same_options(rmq):
     assert "Done: 20 handled" in out.getvalue()
     assert "operation #" in err.getvalue()  # the progress report, on the command's stderr
     assert handled_ids(rmq) == Counter(range(20))
+
+
+@pytest.mark.slow
+def test_a_10000_row_group_with_canary_and_rate_reaches_its_receiver_once_per_row(rmq):
+    """The issue's count: 10,000 rows of one failure group, canary 10, 500 msg/s asked."""
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    n, rate = 10_000, 500.0
+    park_rows(rmq, [{"id": i} for i in range(n)])
+    op = operations.create(
+        ParkedMessage.objects.filter(fingerprint=""), user="ops", canary=10, rate=rate
+    )
+    assert op.total == n
+    op, _ = run_until_settled(rmq, op, timeout=600)
+    assert (op.state, op.sent, op.handled, op.failed_again) == (OperationState.DONE, n, n, 0)
+    assert handled_ids(rmq) == Counter(range(n))
+    achieved = operations.progress(op).achieved_rate
+    print(f"\n10,000 rows: rate asked {rate}/s, achieved {achieved}/s")
+    assert achieved is not None and achieved <= rate * 1.1

@@ -13,11 +13,13 @@ from ..models import ParkedMessage, ParkedStatus
 from .changelist import CappedPaginator, ChangelistMixin, IndexedValuesFilter
 from .dashboard import DashboardMixin
 from .detail import DetailMixin
+from .edit import EditMixin
+from .filters import AttemptsFilter, FailedBetweenFilter, ParkedBetweenFilter
 from .operations import OperationsMixin
 
 
 @admin.register(ParkedMessage)
-class ParkedMessageAdmin(ChangelistMixin, DetailMixin, OperationsMixin, DashboardMixin):
+class ParkedMessageAdmin(ChangelistMixin, DetailMixin, EditMixin, OperationsMixin, DashboardMixin):
     """View-only rows; requeue, republish and discard are actions with their own permission.
 
     Rows are never added or edited here, and never deleted either: *discard* keeps the row
@@ -47,6 +49,9 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, OperationsMixin, Dashboar
         ("error_type", IndexedValuesFilter),
         ("fingerprint", IndexedValuesFilter),
         "parked_at",
+        ParkedBetweenFilter,
+        FailedBetweenFilter,
+        AttemptsFilter,
     )
     # No date_hierarchy: its links cost a scan of the table (MIN/MAX, then DISTINCT dates);
     # the parked_at filter's fixed ranges cost nothing to show.
@@ -154,6 +159,7 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, OperationsMixin, Dashboar
             **(extra_context or {}),
             "can_requeue": parked and self.has_requeue_permission(request),
             "can_discard": parked and self.has_discard_permission(request),
+            "can_edit": parked and self.has_edit_permission(request),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -165,6 +171,11 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, OperationsMixin, Dashboar
                 "summary/",
                 self.admin_site.admin_view(self.summary_view),
                 name="{}_{}_summary".format(*info),
+            ),
+            path(
+                "<path:object_id>/edit/",
+                self.admin_site.admin_view(self.edit_view),
+                name="{}_{}_edit".format(*info),
             ),
             path(
                 "<path:object_id>/requeue/",

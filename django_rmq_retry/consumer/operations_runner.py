@@ -8,6 +8,7 @@ second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -35,6 +36,7 @@ class OperationsRunner:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        operations.flusher_running.set()
         self._thread = start_daemon(self.run, "rmq-operations")
 
     def join(self, timeout: float) -> None:
@@ -45,8 +47,17 @@ class OperationsRunner:
         return self._thread is not None and self._thread.is_alive()
 
     def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            operations.flusher_running.clear()
+            with contextlib.suppress(DatabaseError):
+                operations.flush_handled()  # the receivers' last reports
+
+    def _loop(self) -> None:
         while not self.stop.is_set():
             try:
+                operations.flush_handled()
                 self.steps += operations.advance_due(owner=self._owner, only=self.only)
                 wait = operations.next_due_in(IDLE_POLL, only=self.only)
                 if self.once and not operations.running(only=self.only):

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -230,26 +231,63 @@ def progress(op: RequeueOperation) -> Progress:
 # Outcomes
 
 
+#: Handled reports waiting for the next flush: (operation id, parked id).
+_handled: list[tuple[int, int]] = []
+_handled_lock = threading.Lock()
+#: Set while an :class:`OperationsRunner` of this process flushes the reports.
+flusher_running = threading.Event()
+
+
 def report_handled(
     headers: Mapping[str, Any] | None, operation_header: str, parked_id_header: str
 ) -> None:
     """Called by the consumer once a receiver returned for a delivery: if the delivery is
-    an operation's copy, its item is handled. One indexed UPDATE; never raises (a lost
-    report leaves the item waiting, shown as such, never a message lost)."""
+    an operation's copy, its item is handled.
+
+    With the process's operations thread running (the consumer's housekeeper), the report
+    waits in memory for its next round (at most a second; one UPDATE per round, not one
+    per message on the receiver's thread); otherwise it is written at once. Never raises:
+    a lost report leaves the item waiting, shown as such, never a message lost.
+    """
     if not headers:
         return
     op = headers.get(operation_header)
     if op is None:
         return
     try:
-        op_id, parked_id = int(op), int(headers.get(parked_id_header) or 0)
-        RequeueItem.objects.filter(
-            operation_id=op_id,
-            parked_id=parked_id,
-            state__in=(ItemState.SENT, ItemState.PENDING),
-        ).update(state=ItemState.HANDLED)
+        key = (int(op), int(headers.get(parked_id_header) or 0))
+    except (TypeError, ValueError):
+        return
+    with _handled_lock:
+        _handled.append(key)
+    if not flusher_running.is_set():
+        flush_handled()
+
+
+def flush_handled() -> int:
+    """Write the handled reports waiting in memory; how many."""
+    with _handled_lock:
+        batch = _handled[:]
+        _handled.clear()
+    if not batch:
+        return 0
+    by_op: dict[int, list[int]] = {}
+    for op_id, parked_id in batch:
+        by_op.setdefault(op_id, []).append(parked_id)
+    try:
+        for op_id, ids in by_op.items():
+            for start in range(0, len(ids), MAX_STEP):
+                RequeueItem.objects.filter(
+                    operation_id=op_id,
+                    parked_id__in=ids[start : start + MAX_STEP],
+                    state__in=(ItemState.SENT, ItemState.PENDING),
+                ).update(state=ItemState.HANDLED)
     except Exception:
-        logger.warning("could not report operation %r handled", op, exc_info=True)
+        logger.warning("could not write %d handled report(s); retrying", len(batch), exc_info=True)
+        with _handled_lock:
+            _handled[:0] = batch
+        return 0
+    return len(batch)
 
 
 def _refresh(op: RequeueOperation) -> None:

@@ -145,6 +145,7 @@ def requeue(
     names: Names | None = None,
     deadline: float | None = None,
     headers: Mapping[str, Any] | None = None,
+    bodies: Mapping[int, bytes] | None = None,
 ) -> RequeueResult:
     """Requeue the parked rows of ``queryset`` in batches; memory stays flat for any count.
 
@@ -161,6 +162,8 @@ def requeue(
 
     ``headers`` are written over each copy's headers (``None`` removes one): a background
     operation marks its copies so the consumer can report their outcome.
+    ``bodies`` replaces the body of the rows it names (an operator's edit; the row keeps
+    the original).
     """
     if mode not in (MODE_RECEIVER, MODE_TOPIC):
         raise ValueError(f"unknown requeue mode {mode!r}")
@@ -205,7 +208,9 @@ def requeue(
             result.matched += chunk.matched
             result.skipped += chunk.skipped
             if chunk.rows:
-                rows, messages, too_large = _messages(chunk.rows, mode, names, headers, room)
+                rows, messages, too_large = _messages(
+                    chunk.rows, mode, names, headers, room, bodies
+                )
                 if too_large:
                     _refuse_too_large(too_large, frame_max, result, token, using)
                 chunk.rows = []
@@ -459,10 +464,12 @@ def _messages(
     names: Names,
     headers: Mapping[str, Any] | None = None,
     room: int | None = None,
+    bodies: Mapping[int, bytes] | None = None,
 ) -> tuple[list[_Stored], list[Outgoing], list[tuple[_Stored, int]]]:
     """The messages that put ``rows`` back to work (see ``core.envelope.requeue_properties``),
     their properties encoded once here: (the rows they are for, the messages, and the rows
-    whose properties would take more than ``room`` bytes, with that size)."""
+    whose properties would take more than ``room`` bytes, with that size). ``bodies``
+    replaces the body of the rows it names."""
     sent, messages, too_large = [], [], []
     for row in rows:
         exchange, routing_key, target = requeue_target(row, mode, names)
@@ -486,7 +493,8 @@ def _messages(
             too_large.append((row, len(wire)))
             continue
         encoded = broker.Encoded(wire, props.get("message_id"))
-        messages.append(broker.Outgoing(exchange, routing_key, bytes(row.body), None, encoded))
+        body = bodies.get(row.pk, row.body) if bodies else row.body
+        messages.append(broker.Outgoing(exchange, routing_key, bytes(body), None, encoded))
         sent.append(row)
     return sent, messages, too_large
 

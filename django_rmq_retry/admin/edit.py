@@ -1,0 +1,106 @@
+"""Edit a parked message and requeue the edited copy (exactly one copy goes out).
+
+Three steps on one page: the form (body, headers), the diff of what changed (the same
+form, posted with ``preview``), then the requeue (posted with ``confirm``; the edit is
+validated again, so what was previewed is what is sent). Behind its own permission,
+``edit_parkedmessage``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+
+from ..core.errors import RmqRetryError
+from ..models import ParkedMessage, ParkedStatus
+from ..parking import edit
+from .common import _outside_request_transactions
+
+
+class EditMixin(admin.ModelAdmin):
+    def has_edit_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_rmq_retry.edit_parkedmessage")
+
+    @_outside_request_transactions
+    def edit_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_edit_permission(request):
+            raise PermissionDenied
+        row = get_object_or_404(ParkedMessage, pk=object_id)
+        info = self.admin_site.name, self.opts.app_label, self.opts.model_name
+        change_url = reverse("{}:{}_{}_change".format(*info), args=[row.pk])
+        form = edit.editable(row)
+        body = request.POST.get("body", form.body)
+        headers = request.POST.get(
+            "headers", json.dumps(form.headers, indent=2, sort_keys=True, default=str)
+        )
+        accept = request.POST.get("accept_bytes") == "on"
+        error = ""
+        prepared: edit.Edit | None = None
+        if row.status != ParkedStatus.PARKED:
+            error = str(_("Only a parked message can be edited and requeued."))
+        elif request.method == "POST":
+            try:
+                prepared = edit.prepare(row, body, headers, accept_bytes=accept)
+            except edit.EditError as exc:
+                error = str(exc)
+            if prepared is not None and not prepared.changed:
+                error = str(_("Nothing changed: use Requeue to send the message as it is."))
+            if prepared is not None and not error and "confirm" in request.POST:
+                return self._send_edit(request, row, prepared, change_url)
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Edit and requeue parked message #%(id)s") % {"id": row.pk},
+            "row": row,
+            "kind": form.kind,
+            "body": body,
+            "headers": headers,
+            "accept_bytes": accept,
+            "error": error,
+            "edit": None if error else prepared,
+            "change_url": change_url,
+        }
+        return TemplateResponse(request, "django_rmq_retry/admin/parkedmessage_edit.html", context)
+
+    def _send_edit(
+        self, request: HttpRequest, row: ParkedMessage, prepared: edit.Edit, change_url: str
+    ) -> HttpResponseRedirect:
+        user = request.user.get_username()
+        try:
+            result = edit.requeue_edited(row, prepared, user=user)
+        except RmqRetryError as exc:
+            self.message_user(
+                request,
+                _("The edited copy was not sent, the broker is unavailable: %(error)s")
+                % {"error": exc},
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(change_url)
+        if result.requeued:
+            LogEntry.objects.create(
+                user_id=request.user.pk,
+                content_type_id=ContentType.objects.get_for_model(ParkedMessage).pk,
+                object_id=str(row.pk),
+                object_repr=f"parked message #{row.pk}"[:200],
+                action_flag=CHANGE,
+                change_message=f"Edited and requeued one copy. Diff:\n{prepared.diff}"[:10000],
+            )
+            self.message_user(
+                request, _("The edited copy was requeued; the original is kept."), messages.SUCCESS
+            )
+        else:
+            text = "; ".join(result.errors) or str(
+                _("nothing was sent: the message is no longer parked, or another requeue holds it")
+            )
+            self.message_user(request, text, messages.ERROR)
+        return HttpResponseRedirect(change_url)
