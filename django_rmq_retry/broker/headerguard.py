@@ -30,7 +30,7 @@ from typing import Any
 
 import pika.data
 
-from ..core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders
+from ..core.envelope import UNDECODABLE_HEADERS, RawHeaders, UndecodableHeaders
 from ..core.undecodable import RAW_HEADERS
 from . import pikaext
 
@@ -107,7 +107,8 @@ def guarded_decode(original: Any, encoded: bytes, offset: int) -> tuple[dict[str
         return UndecodableHeaders(
             {UNDECODABLE_HEADERS: reason, RAW_HEADERS: encoded[offset:end]}
         ), end
-    return table, stop
+    # Our copies re-send the sender's entries as these bytes (``core.envelope.RawHeaders``).
+    return RawHeaders(table, raw=encoded[offset:end]), stop
 
 
 def _oversized(table: dict[Any, Any]) -> str | None:

@@ -15,7 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import pika
+import pika.data
 
+from ..core import amqptable
+from ..core.envelope import RawHeaders
 from .connection import from_pika, to_pika
 
 
@@ -104,9 +107,12 @@ def _encode(properties: Mapping[str, Any]) -> bytes:
         if kind == "s":
             pieces.append(_short(value))
         elif kind == "table":
-            if type(value) is not dict:
+            if type(value) is RawHeaders:
+                pieces.append(_spliced(value))
+            elif type(value) is not dict:
                 raise _Unusual
-            pieces.append(_table(value))
+            else:
+                pieces.append(_table(value))
         elif kind == "octet":
             if type(value) is not int or not 0 <= value <= 255:
                 raise _Unusual
@@ -137,6 +143,26 @@ def _table(table: dict[Any, Any]) -> bytes:
         pieces.append(_value(value))
     data = b"".join(pieces)
     return _U32(len(data)) + data
+
+
+def _spliced(headers: RawHeaders) -> bytes:
+    """A copy's headers: the entries it kept from a received table as the bytes they came
+    as (their types exactly as the sender wrote them), the others encoded here."""
+    kept = headers.entries
+    pieces = []
+    for key, value in headers.items():
+        entry = kept.get(key)
+        if entry is not None:
+            pieces.append(entry)
+            continue
+        pieces.append(_short(key))
+        try:
+            pieces.append(_value(value))
+        except _Unusual:  # a decimal, a datetime...: as pika writes it
+            encoded: list[bytes] = []
+            pika.data.encode_value(encoded, value)
+            pieces.append(b"".join(encoded))
+    return amqptable.join(pieces)
 
 
 def _value(value: Any) -> bytes:

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any
 
+from . import amqptable
 from .delays import ms_rounded_up
 from .failure import Failure
 from .names import Names
@@ -73,6 +74,99 @@ class UndecodableHeaders(dict[str, Any]):
     Known by its type, not by the header name: only ``broker.headerguard`` makes one, so a
     publisher that sends a header of that name cannot make its message look undecodable.
     """
+
+
+class RawHeaders(dict[Any, Any]):
+    """Decoded headers that remember the bytes their foreign entries arrived as.
+
+    A client decoding an AMQP table into its own types loses what they cannot say (a
+    decimal's exponent, an integer's width and sign, a float's single precision), so a copy
+    re-encoded from the values would not be the message the sender wrote. The header guard
+    makes one of these for every table it decodes on our connections (``raw``: the table's
+    bytes); a copy we make (:func:`_copy`) keeps the entries it does not change, and the
+    encoder (``broker.wire``) writes those entries' bytes as they came, then ours.
+
+    Changing a key through any of the dict's methods forgets that key's bytes, so an edited
+    value is written as edited.
+    """
+
+    __slots__ = ("_entries", "raw")
+
+    def __init__(
+        self,
+        values: Mapping[Any, Any] = (),  # type: ignore[assignment]
+        raw: bytes | None = None,
+        entries: Mapping[Any, bytes] | None = None,
+    ) -> None:
+        super().__init__(values)
+        #: The whole table as it arrived (length prefix included), when it did arrive.
+        self.raw = raw
+        self._entries: dict[Any, bytes] | None = None if entries is None else dict(entries)
+
+    @property
+    def entries(self) -> dict[Any, bytes]:
+        """Each key whose value is still the one that arrived, and its entry's bytes."""
+        if self._entries is None:
+            found: dict[Any, bytes] = {}
+            if self.raw is not None:
+                try:
+                    found = amqptable.entries(self.raw)
+                except amqptable.BadTable:
+                    found = {}
+            self._entries = {k: v for k, v in found.items() if k in self}
+        return self._entries
+
+    def kept(self, values: Mapping[Any, Any], changed: set[Any]) -> RawHeaders:
+        """``values`` (a copy's headers) with this table's bytes for every key they share
+        that is not in ``changed``."""
+        entries = {k: b for k, b in self.entries.items() if k in values and k not in changed}
+        return RawHeaders(values, entries=entries)
+
+    def _forget(self, key: Any) -> None:
+        if self._entries is None:
+            self.entries  # noqa: B018  (cut the table now, before it changes)
+        assert self._entries is not None
+        self._entries.pop(key, None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._forget(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._forget(key)
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._forget(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        key, value = super().popitem()
+        self._forget(key)
+        return key, value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self._forget(key)
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def clear(self) -> None:
+        self._entries = {}
+        super().clear()
+
+    def copy(self) -> RawHeaders:
+        return RawHeaders(self, self.raw, self.entries)
+
+    def __ior__(self, other: Any) -> RawHeaders:  # type: ignore[misc]
+        self.update(other)
+        return self
+
+    def __reduce__(self) -> Any:
+        return (RawHeaders, (dict(self), self.raw, self.entries))
 
 
 #: The attempt number we accept from a header; anything above is treated as this.
@@ -338,19 +432,24 @@ def _copy(properties: Mapping[str, Any], names: Names, ours: Mapping[str, Any]) 
     ``ours`` is then written over the headers (a ``None`` value removes that header).
     """
     props = {k: properties.get(k) for k in PROPERTY_NAMES if k != "headers"}
-    headers = clean_headers(properties.get("headers"))
+    source = properties.get("headers")
+    headers = clean_headers(source)
     h = names.header
+    changed = set(ours)
     if props.get("expiration") is not None:
         headers[h("original-expiration")] = props["expiration"]
+        changed.add(h("original-expiration"))
     if props.get("user_id") is not None:
         headers[h("original-user-id")] = props["user_id"]
+        changed.add(h("original-user-id"))
     props["expiration"] = props["user_id"] = None
     for key, value in ours.items():
         if value is None:
             headers.pop(key, None)
         else:
             headers[key] = value
-    props["headers"] = headers
+    # The sender's entries go out as the bytes they came as (their types kept exactly).
+    props["headers"] = source.kept(headers, changed) if isinstance(source, RawHeaders) else headers
     props["delivery_mode"] = 2
     return props
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .envelope import RawHeaders
+
 #: A frame's header (type, channel, size: 7 bytes) and end octet (1).
 FRAME_OVERHEAD = 8
 #: The content header's fixed fields before the properties: class, weight, body size.
@@ -56,7 +58,9 @@ def fit_headers(
     props = dict(properties)
     if room is None or size(props) <= room:
         return props
-    headers = dict(props.get("headers") or {})
+    source = props.get("headers") or {}
+    # A copy keeps the sender's entries as bytes (``RawHeaders``); only ours are shrunk.
+    headers = source.copy() if isinstance(source, RawHeaders) else dict(source)
     props["headers"] = headers
     error = headers.get(error_header)
     if isinstance(error, str):

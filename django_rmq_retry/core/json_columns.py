@@ -9,6 +9,8 @@ requeue publishes it as it came.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -22,10 +24,29 @@ def text_column(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
+#: In a parked row's properties: the header table's bytes as they arrived, and a digest of
+#: the headers column they go with (an edited column no longer matches: its values win).
+HEADERS_BYTES = "headers_bytes"
+HEADERS_DIGEST = "headers_digest"
+
+
 def properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:
-    """Every set property but the headers (stored in a column of their own)."""
+    """Every set property but the headers (stored in a column of their own).
+
+    Headers that remember their bytes (``envelope.RawHeaders``: a delivery's) leave those
+    bytes here too, so a requeue sends the sender's entries exactly as they came."""
     props = {k: v for k, v in properties.items() if k != "headers" and v is not None}
+    raw = getattr(properties.get("headers"), "raw", None)
+    if isinstance(raw, bytes):
+        props[HEADERS_BYTES] = raw
+        props[HEADERS_DIGEST] = headers_digest(json_safe_headers(properties["headers"]))
     return json_safe_headers(props)
+
+
+def headers_digest(stored: Mapping[str, Any]) -> str:
+    """A digest of a headers column's JSON (key order and spacing aside)."""
+    text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

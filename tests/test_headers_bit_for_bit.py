@@ -1,0 +1,306 @@
+"""Headers bit for bit: what a foreign client wrote is what every copy we make carries.
+
+A client library decodes an AMQP table into its own types and loses what they cannot say
+(a decimal's exponent, an integer's width and sign, a float's single precision). Header
+tables are written here as raw frames (``tests/faults/rawamqp.py``: every field type
+RabbitMQ accepts, nested tables and arrays, 255-byte keys), received on our connection,
+copied for a retry, parked (the row's JSON columns, through the database) and requeued, on
+the real broker; after each step the sender's entries must be the bytes it sent, and a
+receiver must read the same values on every attempt.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_rmq_retry.broker import ConfirmChannel, connect, encode_properties
+from django_rmq_retry.core import amqptable
+from django_rmq_retry.core.envelope import RawHeaders, requeue_properties, retry_properties
+from django_rmq_retry.core.failure import Failure
+from django_rmq_retry.core.names import Names
+from django_rmq_retry.models import ParkedMessage
+from django_rmq_retry.parking.rows import json_safe_headers, properties_json, row_properties
+from tests.conftest import BROKER_URL
+from tests.faults.rawamqp import Raw, RawPublisher, shortstr, table
+
+NAMES = Names("rmq_retry_bits")
+
+
+# Field values as the bytes a foreign client writes ---------------------------------------
+def _packed(kind: bytes, fmt: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Raw]:
+    return values.map(lambda v: Raw(kind, struct.pack(fmt, v)))
+
+
+def _sized(kind: bytes, data: st.SearchStrategy[bytes]) -> st.SearchStrategy[Raw]:
+    return data.map(lambda b: Raw(kind, struct.pack(">I", len(b)) + b))
+
+
+_FINITE = {"allow_nan": False, "allow_infinity": False}
+SCALARS = st.one_of(
+    st.sampled_from([Raw(b"t", b"\x00"), Raw(b"t", b"\x01"), Raw(b"V", b"")]),
+    _packed(b"b", ">b", st.integers(-(2**7), 2**7 - 1)),
+    _packed(b"B", ">B", st.integers(0, 2**8 - 1)),
+    _packed(b"s", ">h", st.integers(-(2**15), 2**15 - 1)),
+    _packed(b"u", ">H", st.integers(0, 2**16 - 1)),
+    _packed(b"I", ">i", st.integers(-(2**31), 2**31 - 1)),
+    _packed(b"i", ">I", st.integers(0, 2**32 - 1)),
+    _packed(b"l", ">q", st.integers(-(2**63), 2**63 - 1)),
+    _packed(b"f", ">f", st.floats(-1e9, 1e9, width=32, **_FINITE)),
+    _packed(b"d", ">d", st.floats(-1e18, 1e18, **_FINITE)),
+    st.tuples(st.integers(0, 12), st.integers(-(2**31), 2**31 - 1)).map(
+        lambda sv: Raw(b"D", struct.pack(">Bi", *sv))
+    ),
+    _packed(b"T", ">Q", st.integers(0, 253402300799)),
+    _sized(b"S", st.text(max_size=40).map(str.encode)),
+    _sized(b"x", st.binary(max_size=40)),
+)
+
+
+def _entries(value: st.SearchStrategy[Raw]) -> st.SearchStrategy[bytes]:
+    return st.dictionaries(KEYS, value, max_size=4).map(
+        lambda d: b"".join(shortstr(k) + v.kind + v.data for k, v in d.items())
+    )
+
+
+def _nest(inner: st.SearchStrategy[Raw]) -> st.SearchStrategy[Raw]:
+    array = st.lists(inner, max_size=4).map(lambda vs: b"".join(v.kind + v.data for v in vs))
+    return st.one_of(_sized(b"A", array), _sized(b"F", _entries(inner)))
+
+
+#: Keys of the sender's own: any text up to AMQP's 255 bytes but the broker's and ours.
+KEYS = st.one_of(
+    st.text(min_size=1, max_size=30),
+    st.just("k" * 255),
+    st.text(alphabet="é€", min_size=85, max_size=85),  # 170-255 bytes of UTF-8
+).filter(
+    lambda k: (
+        len(k.encode()) <= 255
+        and not k.startswith(("x-", NAMES.header("")))
+        and k not in ("CC", "BCC")
+    )
+)
+VALUES = st.recursive(SCALARS, _nest, max_leaves=12)
+HEADERS = st.dictionaries(KEYS, VALUES, min_size=1, max_size=8)
+
+
+# The steps, on the real broker ------------------------------------------------------------
+class Bench:
+    """One connection that receives and one that publishes copies, and three queues."""
+
+    def __init__(self) -> None:
+        self.queues = [f"t-bits-{uuid.uuid4().hex[:8]}-{n}" for n in range(3)]
+        self.consumer = connect(BROKER_URL, name="t-bits consumer")
+        self.copies = connect(BROKER_URL, name="t-bits copies")
+        self.channel = self.consumer.channel()
+        self.channel.qos(10)
+        for queue in self.queues:
+            self.channel.raw.queue_declare(queue, auto_delete=False)
+        self.confirms = ConfirmChannel(self.copies)
+        self.got: dict[str, list[dict[str, Any]]] = {q: [] for q in self.queues}
+        for queue in self.queues:
+            self.channel.consume(queue, self._on_message(queue))
+
+    def _on_message(self, queue: str) -> Any:
+        def on_message(tag, _exchange, _key, _redelivered, properties, _body):
+            self.got[queue].append(properties)
+            self.channel.ack(tag)
+
+        return on_message
+
+    def receive(self, queue: str) -> dict[str, Any]:
+        for _ in range(400):
+            if self.got[queue]:
+                return self.got[queue].pop(0)
+            self.consumer.pump(0.02)
+        raise AssertionError(f"nothing arrived on {queue}")
+
+    def publish(self, queue: str, properties: dict[str, Any]) -> None:
+        answers: list[tuple[bool, bool]] = []
+        self.confirms.publish("", queue, b"{}", properties, lambda *a: answers.append(a))
+        for _ in range(400):
+            if answers:
+                assert answers == [(True, False)]
+                return
+            self.copies.pump(0.02)
+        raise AssertionError("no confirm")
+
+    def close(self) -> None:
+        for queue in self.queues:
+            self.channel.raw.queue_delete(queue)
+        self.confirms.close()
+        self.consumer.close()
+        self.copies.close()
+
+
+@pytest.fixture(scope="module")
+def bench(broker_ok):
+    made = Bench()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def foreign(headers: RawHeaders | dict[str, Any]) -> dict[Any, bytes]:
+    """The sender's entries of a received table, as bytes, by key."""
+    assert isinstance(headers, RawHeaders), type(headers)
+    assert headers.raw is not None
+    return {
+        k: v
+        for k, v in amqptable.entries(headers.raw).items()
+        if not str(k).startswith(NAMES.header(""))
+    }
+
+
+def _park_and_read_back(properties: dict[str, Any]) -> dict[str, Any]:
+    """The row a park writes (its JSON columns, through the database) and what a requeue
+    reads back from it."""
+    row = ParkedMessage.objects.create(
+        park_key=uuid.uuid4().hex,
+        parked_at=datetime.now(timezone.utc),
+        fingerprint="bits",
+        receiver="bits",
+        queue="bits",
+        exchange="",
+        routing_key="bits",
+        message_id="bits",
+        body=b"{}",
+        body_size=2,
+        properties=properties_json(properties),
+        headers=json_safe_headers(properties["headers"]),
+        reason="max_attempts",
+    )
+    stored = ParkedMessage.objects.get(pk=row.pk)
+    stored.delete()
+    return row_properties(stored)
+
+
+def _retry(properties: dict[str, Any], target: str) -> dict[str, Any]:
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return retry_properties(
+        properties,
+        names=NAMES,
+        attempt=2,
+        failure=Failure("ValueError", "no " * 40, at),
+        exchange="work",
+        routing_key="bits.key",
+        target_queue=target,
+        due_us=1,
+    )
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(headers=HEADERS)
+def test_a_foreign_table_survives_retry_park_and_requeue_bit_for_bit(bench, headers):
+    sent = table(headers)
+    first, second, third = bench.queues
+    raw = RawPublisher(BROKER_URL)
+    try:
+        assert raw.publish("", first, b"{}", headers=headers, message_id="m1") == "ack"
+    finally:
+        raw.close()
+
+    delivered = bench.receive(first)
+    assert delivered["headers"].raw == sent  # the broker passes the table through
+    wanted = foreign(delivered["headers"])
+    values = dict(delivered["headers"])
+
+    bench.publish(second, _retry(delivered, second))  # the retry copy
+    copy = bench.receive(second)
+    assert foreign(copy["headers"]) == wanted
+    assert {k: copy["headers"][k] for k in values} == values  # attempt 2 reads attempt 1's
+    assert copy["headers"][NAMES.header("attempt")] == 2
+
+    back = _park_and_read_back(copy)  # parked after its last attempt
+    requeued_props = requeue_properties(
+        back,
+        names=NAMES,
+        exchange="",
+        routing_key=third,
+        target_queue=None,
+        parked_id=7,
+        requeue_count=1,
+    )
+    bench.publish(third, requeued_props)
+    requeued = bench.receive(third)
+    assert foreign(requeued["headers"]) == wanted
+    assert {k: requeued["headers"][k] for k in values} == values
+    assert requeued["headers"][NAMES.header("requeued")] == 1
+
+
+def test_an_edited_key_is_written_as_edited():
+    sent = table({"d": Raw(b"D", struct.pack(">Bi", 2, 150)), "n": Raw(b"b", b"\x05")})
+    headers = RawHeaders({"d": Decimal("1.50"), "n": 5}, raw=sent)
+    copy = headers.copy()
+    copy["n"] = 6
+    encoded = encode_properties({"headers": copy})
+    assert struct.pack(">Bi", 2, 150) in encoded  # the decimal kept its exponent
+    assert b"\x01nI\x00\x00\x00\x06" in encoded  # the edited value, as we write an int
+
+
+#: Headers as a Node service writes them with amqplib's typed values: each type a client
+#: library of ours could not write (pika picks one width per Python type).
+AMQPLIB_HEADERS = {
+    "price": {"!": "decimal", "value": {"places": 2, "digits": 150}},
+    "tiny": {"!": "int8", "value": -5},
+    "small": {"!": "int16", "value": -300},
+    "ushort": {"!": "uint16", "value": 65000},
+    "ubyte": {"!": "uint8", "value": 200},
+    "uint": {"!": "uint32", "value": 4000000000},
+    "int": {"!": "int32", "value": 7},
+    "ratio": {"!": "float", "value": 0.1},
+    "exact": 2.5,
+    "whole": 3,
+    "when": {"!": "timestamp", "value": 1700000000},
+    "flag": True,
+    "nothing": None,
+    "blob": {"type": "Buffer", "data": [0, 255, 7]},
+    "nested": {"deep": {"!": "int16", "value": 1}, "list": [1, "two", {"!": "float", "value": 3}]},
+    "k" * 255: "a key of AMQP's full 255 bytes",
+}
+
+
+@pytest.mark.faults  # needs Node.js and amqplib (npm ci in tests/foreign)
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_a_node_service_s_typed_headers_survive_retry_park_and_requeue(bench):
+    from tests.test_adversary_decoding import _amqplib
+
+    first, second, third = bench.queues
+    message = {"body_b64": "e30=", "options": {"headers": AMQPLIB_HEADERS, "messageId": "n1"}}
+    assert _amqplib(first, [message]) == ["ack"]
+    delivered = bench.receive(first)
+    wanted = foreign(delivered["headers"])
+    assert set(wanted) == set(AMQPLIB_HEADERS)
+    assert wanted["price"] == shortstr("price") + b"D\x02\x00\x00\x00\x96"
+    values = dict(delivered["headers"])
+    assert values["price"] == Decimal("1.50")
+
+    bench.publish(second, _retry(delivered, second))
+    copy = bench.receive(second)
+    assert foreign(copy["headers"]) == wanted
+    assert str(copy["headers"]["price"]) == "1.50"  # not Decimal("1.5") on attempt 2
+
+    requeued_props = requeue_properties(
+        _park_and_read_back(copy),
+        names=NAMES,
+        exchange="",
+        routing_key=third,
+        target_queue=None,
+        parked_id=8,
+        requeue_count=1,
+    )
+    bench.publish(third, requeued_props)
+    requeued = bench.receive(third)
+    assert foreign(requeued["headers"]) == wanted
+    assert {k: requeued["headers"][k] for k in values} == values
