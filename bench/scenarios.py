@@ -477,9 +477,10 @@ def delay(run: Run) -> list[Row]:
 
 def retry_stream(run: Run) -> list[Row]:
     """A steady stream whose every message is retried once after 1 s, at a rate where the
-    copies the landing holds (rate × ~0.1 s) outnumber one prefetch window (20): the spare
-    consumer (``consumer/spare.py``) is what keeps the window open for the rest. Lateness
-    of the retries (second attempt − first failure − 1 s), median of 3 rounds."""
+    copies the landing holds (rate × ~0.1 s) outnumber one prefetch window (20): PREFETCH
+    bounds the window by default, so the copies and fresh messages behind a full window wait
+    in the queue; ``SPARE_PREFETCH`` (opt-in, ``consumer/spare.py``) widens it. Lateness of
+    the retries (second attempt − first failure − 1 s), median of 3 rounds."""
     from django_rmq_retry.publishing import get_publisher
 
     rate, n = (700.0, 1400) if run.quick else (700.0, 3000)

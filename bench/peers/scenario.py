@@ -299,8 +299,8 @@ class RetryRound:
 
 HOW = {
     "ours": "delay levels: TTL queues in RabbitMQ; the consumer holds only the landing "
-    "(DELAY_LANDING_MS, the last 100 ms by default), unacked; a spare consumer widens the "
-    "window to 5 x its prefetch while they fill it",
+    "(DELAY_LANDING_MS, the last 100 ms by default), unacked, within its prefetch window "
+    "(SPARE_PREFETCH, off by default, lets a spare consumer widen it)",
     "dramatiq": "held unacked in worker memory (from <queue>.DQ) until due, then re-published",
     "celery": "eta message held unacked in worker memory on a timer",
     "celerythreads": "eta message held unacked in worker memory on a timer",
