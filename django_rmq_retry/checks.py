@@ -341,9 +341,7 @@ def _delays_and_retry(user: Mapping[str, Any]) -> Messages:
         policy = Policy.from_mapping(app_settings.RETRY)
     except (TypeError, ValueError) as exc:
         out.append(
-            _err(
-                10, f"Bad {SETTING_NAME}['RETRY']: {exc}.", "See the settings table in the README."
-            )
+            _err(10, f"Bad {SETTING_NAME}['RETRY']: {exc}.", "See docs/reference/settings.md.")
         )
         return out
     if levels and policy.max_delay * 1000 > levels.max_delay_ms:

@@ -107,7 +107,7 @@ DEFAULTS: dict[str, Any] = {
     # Rows per batch for requeue, discard and purge (a requeue of 100,000 rows on PostgreSQL:
     # 8,125 rows/s with 500, 9,795 and 10,454 with 1,000: half the statements, 2026-11-25).
     "BATCH_SIZE": 1000,
-    # Transactional outbox (README "Exactly-once effects"): Topic.send writes a row in the
+    # Transactional outbox (docs/howto/outbox.md): Topic.send writes a row in the
     # current database transaction and the relay publishes it once that commits. False keeps
     # the direct publish; Topic(..., outbox=) and send(..., outbox=) choose per topic or call.
     "OUTBOX": False,

@@ -265,7 +265,7 @@ def receiver(
     """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``.
 
     ``idempotent=True``: the receiver's database effects happen once per message even when
-    it is delivered twice (README "Exactly-once effects").
+    it is delivered twice (docs/howto/outbox.md).
     """
     topics = [topic] if isinstance(topic, TopicKey) else list(topic)
 

@@ -26,10 +26,10 @@ def _sources() -> str:
 def test_every_check_id_the_code_can_emit_is_documented() -> None:
     source = (PACKAGE / "checks.py").read_text()
     errors = {int(n) for n in re.findall(r"_err\(\s*(\d+)\s*,", source)}
-    warnings = {int(n) for n in re.findall(r'ID\}\.W(\d{3})"', source)}
+    others = set(re.findall(r'ID\}\.([WI]\d{3})"', source))
     ids = {f"django_rmq_retry.E{n:03d}" for n in errors}
-    ids |= {f"django_rmq_retry.W{n:03d}" for n in warnings}
-    ids |= set(re.findall(r"django_rmq_retry\.[EW]\d{3}", _sources()))
+    ids |= {f"django_rmq_retry.{n}" for n in others}
+    ids |= set(re.findall(r"django_rmq_retry\.[EWI]\d{3}", _sources()))
     page = (DOCS / "reference" / "checks.md").read_text()
     assert len(ids) > 10
     assert sorted(i for i in ids if f"`{i}`" not in page) == []

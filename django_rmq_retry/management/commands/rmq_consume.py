@@ -152,7 +152,7 @@ class Command(BaseCommand):
         # What is alive now (Django, the apps, the receivers' modules) lives as long as the
         # process: frozen, the cyclic collector stops walking it. Unfrozen, a full collection
         # stalled every thread 40-85 ms mid-stream and a younger one 2-5 ms (gc.callbacks
-        # in a consumer, bench/README.md: the head-of-line row's tail).
+        # in a consumer).
         gc.collect()
         gc.freeze()
         try:
