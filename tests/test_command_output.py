@@ -190,6 +190,7 @@ def test_commands_say_to_run_migrate_instead_of_a_traceback(unmigrated):
         ["rmq_purge_parked", "--older-than", "30d"],
         ["rmq_purge_inbox"],
         ["rmq_relay", "--once"],
+        ["rmq_setup"],
     ):
         done = _manage(unmigrated, *command)
         assert done.returncode == 1, (command, done.stdout, done.stderr)

@@ -16,6 +16,7 @@ from django_rmq_retry import broker, orphans
 from django_rmq_retry.conf import app_settings, broker_urls, current_plan
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import Plan
+from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.registry import Receiver, default_registry
 
 
@@ -34,6 +35,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables()  # it records what it declared (orphan queues are told from that)
         receivers = self._select(options["receivers"])
         plan = current_plan(receivers)
         try:
