@@ -335,6 +335,17 @@ class Handler:
             start_key=start_key,
         )
 
+    def park_refused_copy(self, d: Delivery, why: str, start_key: str | None) -> StorePark:
+        """The broker refuses ``d``'s retry copy for what it carries (publishing it again
+        cannot help): park the original now, with the broker's reason, instead of giving it
+        back to run its receiver again (the consumer's loop calls this)."""
+        headers = d.properties.get("headers") or {}
+        env = read_incoming(headers, d.exchange, d.routing_key, self.names)
+        receiver = d.receiver.name if d.receiver is not None else d.queue
+        detail = f"the broker refuses its retry copy: {why}"
+        park = Park(ParkReason.NON_RETRYABLE, detail)
+        return self._park(d, receiver, env, park, start_key=start_key)
+
     def _fit_to_frame(self, props: dict[str, Any]) -> dict[str, Any] | None:
         """A retry copy's properties fitted to the publishing connection's frame limit
         (``core.header_budget``); ``None`` if they cannot fit."""

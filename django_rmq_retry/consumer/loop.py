@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -30,7 +30,13 @@ from .. import hooks as _hooks
 from ..conf import app_settings, current_levels, current_names, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.budget import channel_lost, copy_refused
-from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
+from ..core.errors import (
+    AccessRefused,
+    BrokerUnavailable,
+    ConnectionLost,
+    MessageRefused,
+    TopologyError,
+)
 from ..core.logfields import attempt_of, fields
 from ..registry import Receiver
 from . import aio
@@ -44,6 +50,12 @@ from .pool import CANCELLED, RUNNING, DaemonPool, Job
 from .spare import SpareWindows
 
 logger = logging.getLogger("django_rmq_retry.consumer")
+
+#: A retry copy's confirm callback: ``(acked, returned)``.
+_OnSettled = Callable[[bool, bool], None]
+#: Seconds a retry copy published again alone (to find one the broker refuses) waits for
+#: its confirm before the broker counts as gone (the confirm pipeline's stall timeout).
+COPY_CONFIRM_WAIT = 30.0
 
 
 @dataclass
@@ -96,6 +108,9 @@ class Consumer:
         self._channel: Any = None  # broker.Channel while connected
         self._copies_connection: broker.Connection | None = None
         self._copies: broker.ConfirmChannel | None = None
+        #: Retry copies published and not yet answered, in publish order, by the original's
+        #: delivery tag: what to publish again one by one if the broker refuses one of them.
+        self._copies_waiting: dict[int, tuple[Delivery, PublishRetry, _OnSettled]] = {}
         self._copies_due = 0.0  # when the copies' connection is pumped next without a copy
         self._queue_by_tag: dict[str, str] = {}
         self._cancelled: list[str] = []  # consumer tags the broker cancelled
@@ -231,16 +246,9 @@ class Consumer:
         channel.declare(plan)
         channel.qos(self.prefetch)
         channel.on_cancelled(self._cancelled.append)
-        # No blocked-connection timeout: during an alarm the copies wait as long as it
-        # lasts (their originals stay unacked, not given back) while acks flow on the other.
-        self._copies_connection = broker.connect(
-            self._connection.url, name=f"{name} retry copies", blocked_connection_timeout=None
-        )
-        self._copies_connection.on_blocked(functools.partial(_log_blocked, "retry-copies"))
-        self._copies = broker.ConfirmChannel(self._copies_connection)
+        self._copies_waiting.clear()
+        self._open_copies()
         broker.log_features()  # once per process: which of pika's internals we could use
-        # Retry copies are fitted to the frame limit of the connection that publishes them.
-        self.handler.frame_max = self._copies_connection.frame_max
         self._channel = channel
         self._queue_by_tag = {}
         self._cancelled.clear()
@@ -312,31 +320,58 @@ class Consumer:
         self._close_connections()
         connections.close_all()
 
+    def _open_copies(self) -> None:
+        """A confirm channel for retry copies, on a connection of their own (reconnected if
+        the broker closed it over one copy: the consumer's connection stays)."""
+        assert self._connection is not None
+        if self._copies_connection is None or not self._copies_connection.is_open:
+            if self._copies_connection is not None:
+                self._copies_connection.close()
+            name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
+            # No blocked-connection timeout: during an alarm the copies wait as long as it
+            # lasts (their originals stay unacked, not given back) while acks flow on the other.
+            self._copies_connection = broker.connect(
+                self._connection.url, name=f"{name} retry copies", blocked_connection_timeout=None
+            )
+            self._copies_connection.on_blocked(functools.partial(_log_blocked, "retry-copies"))
+            # Retry copies are fitted to the frame limit of the connection that publishes them.
+            self.handler.frame_max = self._copies_connection.frame_max
+        self._copies = broker.ConfirmChannel(self._copies_connection)
+
     def _pump(self, seconds: float) -> None:
         assert self._connection is not None and self._copies_connection is not None
-        if self._copies is not None and self._copies.pending:
-            # A copy awaits its confirm, which arrives on the other connection: wait on
-            # both (waiting on this one alone held every confirm up to ``seconds``: a
-            # retry stream ran at one prefetch window per 50 ms).
-            self._connection.pump_with(self._copies_connection, seconds)
-            self._copies_due = time.monotonic() + 1.0
-        else:
-            self._connection.pump(seconds)
-            # Without a copy in flight the copies' connection is pumped for its heartbeats
-            # only, once a second: a pump per consumer pump cost the happy path a poll and
-            # pika's event dispatch per delivery batch (~30 µs per message).
-            now = time.monotonic()
-            if now >= self._copies_due:
-                self._copies_due = now + 1.0
-                self._copies_connection.pump(0)
+        try:
+            if self._copies is not None and self._copies.pending:
+                # A copy awaits its confirm, which arrives on the other connection: wait on
+                # both (waiting on this one alone held every confirm up to ``seconds``: a
+                # retry stream ran at one prefetch window per 50 ms).
+                self._connection.pump_with(self._copies_connection, seconds)
+                self._copies_due = time.monotonic() + 1.0
+            else:
+                self._connection.pump(seconds)
+                # Without a copy in flight the copies' connection is pumped for its heartbeats
+                # only, once a second: a pump per consumer pump cost the happy path a poll and
+                # pika's event dispatch per delivery batch (~30 µs per message).
+                now = time.monotonic()
+                if now >= self._copies_due:
+                    self._copies_due = now + 1.0
+                    self._copies_connection.pump(0)
+        except ConnectionLost:
+            # The broker closed the copies' connection over one copy (a frame error): no
+            # outage, and the consumer's own connection is fine (found below).
+            if not (self._connection.is_open and self._copies_refused()):
+                raise
         if not self._done.empty():
             # Safety net: a wake-up handed to a connection that died before running it
             # must never leave finished deliveries unsettled (and the prefetch window full).
             self._drain()
         if self._copies is not None and self._copies.broken is not None:
-            raise ConnectionLost(
-                f"the channel for retry copies closed: {self._copies.broken_reason}"
-            )
+            why = self._copies.refusal
+            if why is None:
+                raise ConnectionLost(
+                    f"the channel for retry copies closed: {self._copies.broken_reason}"
+                )
+            self._find_refused_copy(why)
         if not self._channel.is_open:  # e.g. consumer_timeout: 406 acknowledgement timed out
             raise ConnectionLost(
                 f"RabbitMQ closed the consumer's channel: {self._channel.close_reason}"
@@ -586,6 +621,7 @@ class Consumer:
         generation = self._generation
 
         def settled(ok: bool, why: str) -> None:
+            self._copies_waiting.pop(delivery.tag, None)
             self._inflight.pop(delivery.tag, None)
             self._unsettled.discard(delivery.tag)
             if generation != self._generation:
@@ -622,9 +658,89 @@ class Consumer:
 
         assert self._copies is not None and self._connection is not None
         conn = self._connection
-        self._copies.publish(
-            action.exchange, action.routing_key, action.body, action.properties, on_settled
+        self._copies_waiting[delivery.tag] = (delivery, action, on_settled)
+        if self._copies.broken is not None:
+            # Closed over a copy before this one: the pump that follows finds that one and
+            # publishes this one again with the others waiting (or, an outage, reconnects).
+            return
+        try:
+            self._copies.publish(
+                action.exchange, action.routing_key, action.body, action.properties, on_settled
+            )
+        except MessageRefused as exc:  # known before the broker refuses it: nothing sent
+            del self._copies_waiting[delivery.tag]
+            self._park_refused(delivery, action, exc.reason)
+
+    def _copies_refused(self) -> bool:
+        return self._copies is not None and self._copies.refusal is not None
+
+    def _park_refused(self, delivery: Delivery, action: PublishRetry, why: str) -> None:
+        """The broker refuses this retry copy for what it carries: park the original with
+        the broker's reason (once its row is committed it is acked), never give it back to
+        run its receiver again, never drop the consumer's connection over it."""
+        self.stats.failed_publishes += 1
+        logger.error(
+            "retry copy of %s is refused by the broker (%s); parking the original",
+            delivery.properties.get("message_id"),
+            why,
+            extra=self._fields(delivery),
         )
+        self._submit_park(delivery, self.handler.park_refused_copy(delivery, why, action.start_key))
+
+    def _find_refused_copy(self, why: str) -> None:
+        """The broker closed the copies' channel (or their connection) over what one copy
+        carried, and every copy then waiting got no answer. Publish them again one at a
+        time, in order, each on a fresh channel: the one refused again is parked with the
+        reason, the others are settled as usual (each published once more at most)."""
+        waiting = list(self._copies_waiting.items())
+        self._copies_waiting.clear()
+        logger.warning(
+            "RabbitMQ closed the retry copies' channel over one copy (%s); publishing the %d "
+            "copies it left without an answer one at a time to find it",
+            why,
+            len(waiting),
+        )
+        for tag, (delivery, action, on_settled) in waiting:
+            self._open_copies()
+            assert self._copies is not None and self._copies_connection is not None
+            answered: list[bool] = []
+
+            def note(
+                acked: bool,
+                returned: bool,
+                on_settled: _OnSettled = on_settled,
+                answered: list[bool] = answered,
+            ) -> None:
+                answered.append(True)
+                on_settled(acked, returned)
+
+            try:
+                self._copies.publish(
+                    action.exchange, action.routing_key, action.body, action.properties, note
+                )
+            except MessageRefused as exc:
+                self._park_refused(delivery, action, exc.reason)
+                continue
+            self._copies_waiting[tag] = (delivery, action, on_settled)
+            deadline = time.monotonic() + COPY_CONFIRM_WAIT
+            while not answered and self._copies.broken is None:
+                if time.monotonic() > deadline:
+                    raise ConnectionLost("no confirm from the broker for a retry copy")
+                try:
+                    self._copies_connection.pump(0.05)
+                except ConnectionLost:
+                    if not self._copies_refused():
+                        raise
+            if answered:
+                continue
+            refusal = self._copies.refusal
+            if refusal is None:
+                raise ConnectionLost(
+                    f"the channel for retry copies closed: {self._copies.broken_reason}"
+                )
+            self._copies_waiting.pop(tag, None)
+            self._park_refused(delivery, action, refusal)
+        self._open_copies()  # the last one may have been the culprit
 
     def _after_retry(self, action: PublishRetry) -> None:
         """Notifier thread: the original is acked; stop counting it, tell the handlers."""
