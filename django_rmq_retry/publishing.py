@@ -534,7 +534,8 @@ class Publisher:
             self._pipeline = None
             raise _batch_error(
                 items,
-                f"publish to {items[0].exchange!r} failed: {outcome.channel_error}",
+                f"publish to {items[0].exchange!r} failed: {outcome.channel_error}"
+                + _undeclared_hint(str(outcome.channel_error)),
                 PublishError,
             )
         if outcome.timed_out:
@@ -667,3 +668,14 @@ def _unrouted_hint(item: broker.Outgoing) -> str:
         return ""
     hint = default_registry.unrouted_hint(item.routing_key, str(app_settings.DISCOVER_MODULE))
     return f". {hint}"
+
+
+def _undeclared_hint(error: str) -> str:
+    """A publish to one of our exchanges that the broker does not have: the topology was
+    never declared there (publishers need write permission only and declare nothing)."""
+    if "NOT_FOUND" not in error or f"'{current_names().prefix}." not in error:
+        return ""
+    return (
+        ". The topology is not declared on this broker: run `manage.py rmq_setup` (or start "
+        "`manage.py rmq_consume`) with the same BROKER_URL and PREFIX first"
+    )

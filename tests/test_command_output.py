@@ -365,3 +365,21 @@ def test_list_says_up_to_for_jittered_delays(settings):
     out = io.StringIO()
     call_command("rmq_consume", "alpha", list=True, stdout=out)
     assert f"delays {caps} (no jitter)\n" in out.getvalue()
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_a_send_before_the_topology_is_declared_says_to_run_rmq_setup(rmq, settings):
+    from django_rmq_retry.core.errors import PublishError
+    from django_rmq_retry.publishing import reset_publisher
+    from tests.testapp.events import other
+
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "DECLARE_ON_SEND": False}
+    reset_publisher()
+    with pytest.raises(PublishError) as caught:
+        other.send({"id": 1})  # a new prefix: nothing declared yet
+    assert f"404 NOT_FOUND - no exchange '{rmq.prefix}.work'" in str(caught.value)
+    assert (
+        "The topology is not declared on this broker: run `manage.py rmq_setup` (or start "
+        "`manage.py rmq_consume`) with the same BROKER_URL and PREFIX first"
+    ) in str(caught.value)
