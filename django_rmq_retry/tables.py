@@ -10,6 +10,8 @@ import time; each call costs one introspection query (or reading the migration f
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 
@@ -17,15 +19,20 @@ APP_LABEL = "django_rmq_retry"
 MIGRATE = f"manage.py migrate {APP_LABEL}"
 
 
-def missing_tables(using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """This app's tables that database ``using`` should hold (its router allows them
-    there) and does not. A database that cannot be asked returns ``[]``: the caller's next
-    query reports the outage itself."""
-    models = [
+def _ours(using: str) -> list[Any]:
+    """This app's models whose tables belong in database ``using``."""
+    return [
         m
         for m in apps.get_app_config(APP_LABEL).get_models()
         if m._meta.managed and router.allow_migrate_model(using, m)
     ]
+
+
+def missing_tables(using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """This app's tables that database ``using`` should hold (its router allows them
+    there) and does not. A database that cannot be asked returns ``[]``: the caller's next
+    query reports the outage itself."""
+    models = _ours(using)
     if not models:
         return []
     try:
@@ -42,10 +49,12 @@ def missing_tables_message(using: str = DEFAULT_DB_ALIAS) -> str | None:
     if not missing:
         return None
     where = "" if using == DEFAULT_DB_ALIAS else f" --database {using}"
-    return (
-        f"The tables of django_rmq_retry are missing in database '{using}' "
-        f"({', '.join(missing)}): run `{MIGRATE}{where}`."
-    )
+    if len(missing) == len(_ours(using)):
+        what = f"The tables of django_rmq_retry do not exist in database '{using}'"
+    else:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        what = f"{len(missing)} table(s) of django_rmq_retry are missing in database '{using}' ({shown})"
+    return f"{what}: run `{MIGRATE}{where}`."
 
 
 def unapplied_migrations(using: str = DEFAULT_DB_ALIAS) -> list[str]:

@@ -194,8 +194,9 @@ def test_commands_say_to_run_migrate_instead_of_a_traceback(unmigrated):
     ):
         done = _manage(unmigrated, *command)
         assert done.returncode == 1, (command, done.stdout, done.stderr)
-        assert "CommandError: The tables of django_rmq_retry are missing in database 'default'" in (
-            done.stderr
+        assert (
+            "CommandError: The tables of django_rmq_retry do not exist in database 'default'"
+            in (done.stderr)
         ), (command, done.stderr)
         assert MIGRATE_LINE in done.stderr
         assert "Traceback" not in done.stderr
