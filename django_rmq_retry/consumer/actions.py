@@ -67,6 +67,9 @@ class PublishRetry:
     signal_kwargs: dict[str, Any] = field(default_factory=dict)
     start_key: str | None = None  # the delivery-limit row to delete once the original is acked
     log_extra: dict[str, Any] | None = None  # the log line's message fields (core.logfields)
+    #: ``properties`` already encoded for the wire, when the handler measured them against
+    #: the frame limit (published as they are: encoded once, not twice).
+    wire: Any = None
 
     def announce(self) -> None:
         """The broker confirmed the copy: log it and send ``message_retried``.

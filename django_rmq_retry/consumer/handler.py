@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -59,6 +59,12 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class Encoded(Protocol):
+    """Properties encoded for the wire (``broker.Encoded``): the handler reads their size."""
+
+    data: bytes
+
+
 class Handler:
     """Turns deliveries into actions (see the module docstring).
 
@@ -69,9 +75,9 @@ class Handler:
     in-memory broker's levels take no time, so it needs none).
 
     A retry copy is fitted to the frame limit of the connection that publishes it
-    (``core.header_budget``) once the loop sets :attr:`frame_max` and gave
-    ``properties_size`` (the encoded size of a copy's properties); without them copies are
-    not measured (the in-memory broker has no frames).
+    (``core.header_budget``) once the loop sets :attr:`frame_max` and gave ``encode`` (a
+    copy's properties as the wire carries them: measured, then published as they are);
+    without them copies are not measured (the in-memory broker has no frames).
     """
 
     def __init__(
@@ -84,12 +90,12 @@ class Handler:
         clock: Callable[[], datetime] = _now,
         rng: random.Random | None = None,
         landing_ms: int = 0,
-        properties_size: Callable[[Mapping[str, Any]], int] | None = None,
+        encode: Callable[[Mapping[str, Any]], Encoded] | None = None,
     ) -> None:
         self.names = names
         #: The publishing connection's frame limit (0: none known, copies are not fitted).
         self.frame_max = 0
-        self.properties_size = properties_size
+        self.encode = encode
         h = names.header
         self._error_header = h("error")
         #: Our optional headers, in the order they go when a copy does not fit its frame.
@@ -307,10 +313,10 @@ class Handler:
         )
         if self.hooks is not None:  # e.g. this attempt's trace context, for the next one
             self.hooks.retry_copy(props["headers"])
-        fitted = self._fit_to_frame(props)
+        fitted, wire = self._fit_to_frame(props)
         if fitted is None:  # not even without our optional headers: park now, never loop
-            detail = too_large_detail(self.frame_max, self._needed(props))
-            park = Park(ParkReason.NON_RETRYABLE, detail)
+            needed = wire  # (then the bytes the copy would need)
+            park = Park(ParkReason.NON_RETRYABLE, too_large_detail(self.frame_max, needed))
             return self._park(d, rec.name, env, park, exc=exc, start_key=start_key)
         props = fitted
         log_line = (
@@ -319,6 +325,7 @@ class Handler:
             f"after {failure.error_type}: {failure.error_message}"
         )
         return PublishRetry(
+            wire=wire,
             exchange=way.exchange,
             routing_key=way.routing_key,
             body=d.body,
@@ -346,24 +353,28 @@ class Handler:
         park = Park(ParkReason.NON_RETRYABLE, detail)
         return self._park(d, receiver, env, park, start_key=start_key)
 
-    def _fit_to_frame(self, props: dict[str, Any]) -> dict[str, Any] | None:
+    def _fit_to_frame(self, props: dict[str, Any]) -> tuple[dict[str, Any] | None, Any]:
         """A retry copy's properties fitted to the publishing connection's frame limit
-        (``core.header_budget``); ``None`` if they cannot fit."""
-        if not self.frame_max or self.properties_size is None:
-            return props
-        return fit_headers(
-            props,
-            properties_room(self.frame_max),
-            self.properties_size,
-            error_header=self._error_header,
-            droppable=self._droppable,
-        )
+        (``core.header_budget``) and their encoded form: ``(None, bytes needed)`` if they
+        cannot fit, ``(props, None)`` when copies are not measured."""
+        if not self.frame_max or self.encode is None:
+            return props, None
+        wire = self.encode(props)
+        room = properties_room(self.frame_max)
+        if room is None or len(wire.data) <= room:  # nearly always: encoded once, sent as is
+            return props, wire
+        encode = self.encode
 
-    def _needed(self, props: dict[str, Any]) -> int:
-        """Bytes a copy's properties take without our optional headers (for the reason)."""
-        assert self.properties_size is not None
-        headers = {k: v for k, v in props["headers"].items() if k not in self._droppable}
-        return self.properties_size({**props, "headers": headers})
+        def size(p: Mapping[str, Any]) -> int:
+            return len(encode(p).data)
+
+        fitted = fit_headers(
+            props, room, size, error_header=self._error_header, droppable=self._droppable
+        )
+        if fitted is None:
+            headers = {k: v for k, v in props["headers"].items() if k not in self._droppable}
+            return None, size({**props, "headers": headers})
+        return fitted, self.encode(fitted)
 
     def _park(
         self,

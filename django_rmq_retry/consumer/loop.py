@@ -133,7 +133,7 @@ class Consumer:
             current_levels(),
             limits=limits,
             landing_ms=int(app_settings.DELAY_LANDING_MS),
-            properties_size=_encoded_size,
+            encode=_encoded,
         )
         # async def receivers run on an event loop of their own beside the threads (aio).
         self._pool = aio.with_event_loop(
@@ -665,7 +665,7 @@ class Consumer:
             return
         try:
             self._copies.publish(
-                action.exchange, action.routing_key, action.body, action.properties, on_settled
+                action.exchange, action.routing_key, action.body, _on_wire(action), on_settled
             )
         except MessageRefused as exc:  # known before the broker refuses it: nothing sent
             del self._copies_waiting[delivery.tag]
@@ -716,7 +716,7 @@ class Consumer:
 
             try:
                 self._copies.publish(
-                    action.exchange, action.routing_key, action.body, action.properties, note
+                    action.exchange, action.routing_key, action.body, _on_wire(action), note
                 )
             except MessageRefused as exc:
                 self._park_refused(delivery, action, exc.reason)
@@ -775,9 +775,14 @@ class Consumer:
             local.finished = time.monotonic()
 
 
-def _encoded_size(properties: Any) -> int:
-    """Bytes a copy's properties take in its content-header frame."""
-    return len(broker.encode_properties(properties))
+def _on_wire(action: PublishRetry) -> Any:
+    """A retry copy's properties as the handler encoded them (else as a mapping)."""
+    return action.properties if action.wire is None else action.wire
+
+
+def _encoded(properties: Any) -> broker.Encoded:
+    """A copy's properties as its content-header frame carries them (measured, then sent)."""
+    return broker.Encoded(broker.encode_properties(properties), properties.get("message_id"))
 
 
 def _settled(hooks: _hooks.Hooks, delivery: Delivery, outcome: str) -> None:
