@@ -145,3 +145,12 @@ def test_rows_waiting_for_their_parked_commit_never_widen_the_window(rmq):
         stop()
     assert consumer.stats.parked == 30
     assert rmq.depth(queue) == 0
+
+
+@pytest.mark.parametrize("value", [-1, "8", None])
+def test_a_spare_prefetch_that_is_not_a_number_from_zero_is_refused(value):
+    from django_rmq_retry.checks import check_settings
+
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "SPARE_PREFETCH": value}):
+        errors = [e for e in check_settings() if "SPARE_PREFETCH" in e.msg]
+    assert [e.id for e in errors] == ["django_rmq_retry.E005"]
