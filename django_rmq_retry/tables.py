@@ -19,6 +19,13 @@ APP_LABEL = "django_rmq_retry"
 MIGRATE = f"manage.py migrate {APP_LABEL}"
 
 
+def never_migrated(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether none of this app's tables exists in ``using`` (``migrate`` never ran for it),
+    as opposed to some missing (an upgrade whose new migrations are not applied yet)."""
+    ours = _ours(using)
+    return bool(ours) and len(missing_tables(using)) == len(ours)
+
+
 def _ours(using: str) -> list[Any]:
     """This app's models whose tables belong in database ``using``."""
     return [

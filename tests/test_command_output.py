@@ -207,9 +207,12 @@ def test_commands_say_to_run_migrate_instead_of_a_traceback(unmigrated):
 @pytest.mark.slow
 def test_the_consumer_and_the_database_check_say_to_run_migrate(unmigrated):
     done = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "CommandError: The tables of django_rmq_retry do not exist in database 'default'" in (
+        done.stderr
+    )
     assert MIGRATE_LINE in done.stderr
-    assert "Until then a message that fails for good cannot be parked" in done.stderr
+    assert "Consuming" not in done.stdout  # it consumes nothing without its tables
     plain = _manage(unmigrated, "check")  # no --database: no query, no warning
     assert "W010" not in plain.stdout + plain.stderr
     asked = _manage(unmigrated, "check", "--database", "default")
@@ -221,7 +224,20 @@ def test_the_consumer_and_the_database_check_say_to_run_migrate(unmigrated):
     after = _manage(unmigrated, "check", "--database", "default")
     assert "W010" not in after.stderr
     consume = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
+    assert consume.returncode == 0, consume.stderr
     assert "migrate" not in consume.stderr
+    # An upgrade whose new table is not there yet: it runs, and says what is missing.
+    import sqlite3
+
+    with sqlite3.connect(unmigrated["DATABASE_URL"].removeprefix("sqlite:///")) as db:
+        db.execute("DROP TABLE django_rmq_retry_inboxentry")
+    upgrade = _manage(unmigrated, "rmq_consume", "gamma", "--max-idle-time", "0.5", "--no-relay")
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert (
+        "1 table(s) of django_rmq_retry are missing in database 'default' "
+        "(django_rmq_retry_inboxentry): run `manage.py migrate django_rmq_retry`."
+    ) in upgrade.stderr
+    assert "Consuming 2 queue(s)" in upgrade.stdout
 
 
 # Say what to do ------------------------------------------------------------------------------

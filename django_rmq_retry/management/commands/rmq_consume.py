@@ -27,7 +27,7 @@ from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.policies import policy_cache
 from django_rmq_retry.registry import Receiver, default_registry
 from django_rmq_retry.stop_signals import on_stop_signals
-from django_rmq_retry.tables import missing_tables_message
+from django_rmq_retry.tables import missing_tables_message, never_migrated
 
 
 class Command(BaseCommand):
@@ -125,6 +125,17 @@ class Command(BaseCommand):
             options["metrics_port"] = app_settings.METRICS_PORT
         if options["health_dir"] is None:
             options["health_dir"] = app_settings.HEALTH_DIR
+        missing = missing_tables_message()
+        if missing and never_migrated():  # nothing it writes could be written: not started
+            raise CommandError(
+                f"{missing} The consumer needs them to park failures, relay the outbox and "
+                "count deliveries; it consumes nothing until then."
+            )
+        if missing:  # an upgrade's new tables: what succeeds is acked, what fails waits
+            self.stderr.write(
+                f"{missing} Until then a message that fails for good may not be parked: it "
+                "stays unacked on the broker (not lost)."
+            )
         if options["processes"] > 1:
             self._supervise(options)
             return
@@ -140,12 +151,6 @@ class Command(BaseCommand):
             relay=not options["no_relay"],
         )
         self._announce(consumer, receivers, options)
-        missing = missing_tables_message()
-        if missing:  # the consumer runs: what succeeds is acked, what fails waits unacked
-            self.stderr.write(
-                f"{missing} Until then a message that fails for good cannot be parked: it "
-                "stays unacked on the broker (not lost)."
-            )
         restore = self._install_signal_handlers(consumer, options["verbosity"])
         policy_cache.invalidate()
         orphans.warn_at_start(receivers)  # logs each queue no receiver owns (never deletes)
