@@ -508,7 +508,9 @@ def _refuse_too_large(
     ).delete()
     for row, size in rows:
         result.failed += 1
-        result.add_error(f"#{row.pk}: {too_large_to_requeue(frame_max, size)}")
+        text = too_large_to_requeue(frame_max, size)
+        result.add_error(f"#{row.pk}: {text}")
+        _note_refusal(row.pk, text, using)
 
 
 def _settle(
@@ -539,7 +541,7 @@ def _settle(
         why = refused_by_broker[row.pk]
         result.failed += 1
         result.add_error(f"#{row.pk}: the broker refuses it: {why}")
-        _note_refusal(row.pk, why, using)
+        _note_refusal(row.pk, f"the broker refuses it: {why}", using)
     for row in [] if lost else refused:
         if row.pk in refused_by_broker:
             continue
@@ -554,10 +556,10 @@ def _settle(
 
 
 def _note_refusal(pk: int, why: str, using: str) -> None:
-    """The row stays parked and says why the broker refuses its copy (an event in its
-    history, shown on its admin page): requeueing it again as it is cannot help, and its
-    batch's other rows went on without it."""
-    logger.error("parked message #%s was not requeued: the broker refuses it: %s", pk, why)
+    """The row stays parked and says why its copy is refused (an event in its history,
+    shown on its admin page): requeueing it again as it is cannot help, and its batch's
+    other rows went on without it."""
+    logger.error("parked message #%s was not requeued: %s", pk, why)
     with transaction.atomic(using=using):
         row = ParkedMessage.objects.using(using).select_for_update().filter(pk=pk).first()
         if row is None:
@@ -565,7 +567,7 @@ def _note_refusal(pk: int, why: str, using: str) -> None:
         event = {
             "at": timezone.now().isoformat(),
             "event": "requeue refused",
-            "reason": f"the broker refuses it: {why}"[:1000],
+            "reason": why[:1000],
         }
         row.history = [*(row.history or []), event][-50:]
         row.save(update_fields=["history"])
