@@ -8,6 +8,8 @@ Public API::
 from .core.backoff import Policy
 from .core.errors import (
     BrokerUnavailable,
+    MessageRefused,
+    NackedError,
     PublishError,
     Reject,
     Retry,
@@ -21,6 +23,8 @@ from .topics import Topic
 __all__ = [
     "BrokerUnavailable",
     "Message",
+    "MessageRefused",
+    "NackedError",
     "Policy",
     "PublishError",
     "Receiver",

@@ -66,10 +66,6 @@ DEFAULTS: dict[str, Any] = {
     # each this many seconds get a WARNING line each, the rest one line with their count.
     # 0 logs every park on its own line.
     "PARK_LOG_INTERVAL": 10,
-    # The broker's largest message body in bytes (RabbitMQ's max_message_size: 128 MiB by
-    # default on 3.x, 16 MiB on 4.x). A larger one is refused before it is sent, with a clear
-    # error, instead of the broker closing the channel under the messages beside it. 0: no check.
-    "MAX_MESSAGE_SIZE": 128 * 1024 * 1024,
     # Seconds a warm shutdown waits for in-flight receivers before it gives up.
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.
@@ -124,8 +120,10 @@ DEFAULTS: dict[str, Any] = {
     # Days an idempotent receiver remembers a handled message (a duplicate arriving later
     # runs again). The consumer purges older rows hourly; rmq_purge_inbox does it on demand.
     "INBOX_RETENTION_DAYS": 7,
-    # The broker's maximum message size (RabbitMQ's max_message_size, 128 MiB by default):
-    # the admin refuses an edited body over it rather than let the broker close the channel.
+    # The broker's maximum message size (RabbitMQ's max_message_size: 128 MiB by default on
+    # 3.x, 16 MiB on 4.x). A larger body is refused before it is sent, with a clear error (a
+    # send, the outbox relay, a requeue, a retry copy, the admin's edit), rather than let the
+    # broker close the channel under the messages beside it.
     "MAX_MESSAGE_BYTES": 134_217_728,
     # Observability (docs/howto/observability.md). A port: rmq_consume serves Prometheus
     # metrics (/metrics, needs the "prometheus" extra) and health probes (/healthz/live,

@@ -96,7 +96,7 @@ def test_send_many_refuses_the_culprit_and_publishes_the_others_once(rmq, where,
 
 
 def test_send_many_refuses_a_body_over_the_maximum_message_size_and_sends_the_rest(rmq, settings):
-    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "MAX_MESSAGE_SIZE": 1000}
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "MAX_MESSAGE_BYTES": 1000}
     call_command("rmq_consume", setup_only=True, verbosity=0)
     bodies: list[dict[str, Any]] = [{"id": i} for i in range(20)]
     bodies.insert(10, {"id": "big", "pad": "x" * 2000})
@@ -199,7 +199,7 @@ def test_requeue_keeps_the_culprit_parked_with_the_reason_and_requeues_the_other
 
 
 def test_send_refuses_a_body_over_the_maximum_message_size_before_sending(rmq, settings):
-    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "MAX_MESSAGE_SIZE": 1000}
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "MAX_MESSAGE_BYTES": 1000}
     call_command("rmq_consume", setup_only=True, verbosity=0)
     with pytest.raises(MessageRefused, match="maximum message size of 1000"):
         other.send({"id": "big", "pad": "x" * 2000})

@@ -3,7 +3,7 @@ connection (the real broker).
 
 Ten neighbours fail once and then succeed; the culprit fails once and its retry copy is one
 the broker refuses: its user_id is not the login (the early check off: RabbitMQ closes the
-copies' channel, 406), or its body is over ``MAX_MESSAGE_SIZE`` (refused before it is sent).
+copies' channel, 406), or its body is over ``MAX_MESSAGE_BYTES`` (refused before it is sent).
 Before, the consumer took the closed channel for an outage: it reconnected, the receivers
 ran again, and the culprit looped until a delivery limit parked it as "connection lost".
 Counted here: receiver runs per message, parked rows and their reasons, lost (none).
@@ -104,5 +104,5 @@ def test_a_copy_the_broker_refuses_parks_its_original_without_a_reconnect(
 
 def test_a_copy_over_the_maximum_message_size_is_refused_before_it_is_sent(rmq, registry_snapshot):
     body = json.dumps({"id": "culprit", "pad": "x" * 3000}).encode()
-    runs, parked = _run(rmq, body, MAX_MESSAGE_SIZE=2000)
+    runs, parked = _run(rmq, body, MAX_MESSAGE_BYTES=2000)
     _check(rmq, runs, parked, ("maximum message size",))

@@ -77,7 +77,7 @@ def early_refusal(
     if max_message_size and len(body) > max_message_size:
         return (
             f"its body of {len(body)} bytes exceeds the broker's maximum message size of "
-            f"{max_message_size} (MAX_MESSAGE_SIZE; RabbitMQ closes the channel: 406)"
+            f"{max_message_size} (MAX_MESSAGE_BYTES; RabbitMQ closes the channel: 406)"
         )
     return ""
 
@@ -108,7 +108,7 @@ class ConfirmChannel:
         self.ready = False
         self._login = login_of(connection.url)
         self._frame_max = int(getattr(connection, "frame_max", 0) or 0)
-        self._max_message_size = int(app_settings.MAX_MESSAGE_SIZE or 0)
+        self._max_message_size = int(app_settings.MAX_MESSAGE_BYTES or 0)
         self._frames = FrameWriter(self.impl)
         self.impl.add_on_return_callback(self._on_return)
         self.impl.add_on_close_callback(self._on_close)
