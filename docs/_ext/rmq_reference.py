@@ -72,11 +72,11 @@ def settings_md() -> str:
     from django_rmq_retry import conf
 
     comments = setting_comments(Path(conf.__file__).read_text())
-    rows = ["| key | default | what it does |", "| --- | --- | --- |"]
+    parts: list[str] = []
     for key, default in conf.DEFAULTS.items():
-        shown = pprint.pformat(default, width=10_000, sort_dicts=False)
-        rows.append(f"| `{key}` | `{_cell(shown)}` | {_cell(comments.get(key, ''))} |")
-    return "\n".join(rows) + "\n"
+        shown = pprint.pformat(default, width=88, sort_dicts=False)
+        parts.append(f"## `{key}`\n\n{comments.get(key, '')}\n\n```python\n{key!r}: {shown}\n```\n")
+    return "\n".join(parts)
 
 
 def commands_md() -> str:
