@@ -206,3 +206,40 @@ def test_send_refuses_a_body_over_the_maximum_message_size_before_sending(rmq, s
     other.send({"id": "small"})
     assert _counted(rmq, rmq.queue("gamma"))[0] == ["small"]
     assert isinstance(MessageRefused("x"), PublishError)  # callers catching PublishError
+
+
+def test_a_message_to_an_exchange_refused_with_403_is_found_and_the_rest_flow(rmq, settings):
+    """An exchange the broker refuses publishes to (here an internal one: 403
+    ACCESS_REFUSED, as for an exchange the login may not write to): nothing says so
+    beforehand, so the broker's refusal is what the publisher finds, in send_many's pipeline
+    and in the outbox relay (a row whose exchange is that one is held, the others flow)."""
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "OUTBOX_PUBLISH_ON_COMMIT": False}
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    internal = f"{rmq.prefix}.internal"
+    rmq.ch().exchange_declare(internal, "topic", internal=True, auto_delete=True)
+    items = publishing.outgoing("test.other", [{"id": i} for i in range(20)])
+    culprit = publishing.outgoing("test.other", [{"id": "culprit"}], exchange=internal)[0]
+    items.insert(10, culprit)
+    with pytest.raises(MessageRefused, match="403") as info:
+        publishing.get_publisher()._publish(items)
+    assert info.value.failed == [culprit.message_id]
+    ids, count = _counted(rmq, rmq.queue("gamma"))
+    assert _first_seen(ids) == list(range(20))
+    assert sum(count.values()) - len(count) <= 10  # duplicates: those before it, once
+
+    with transaction.atomic():
+        for i in range(5):
+            other.send({"id": f"r{i}"}, outbox=True)
+        bad_row = other.send({"id": "row-culprit"}, outbox=True)
+        for i in range(5, 10):
+            other.send({"id": f"r{i}"}, outbox=True)
+    assert OutboxMessage.objects.filter(message_id=bad_row.message_id).update(exchange=internal)
+    total = publish_all()
+    ids, count = _counted(rmq, rmq.queue("gamma"))
+    print(
+        f"403 outbox: published={len(count)} held={total.held} dups={sum(count.values()) - len(count)}"
+    )
+    assert _first_seen(ids) == [f"r{i}" for i in range(10)]
+    held = OutboxMessage.objects.get()
+    assert held.status == OutboxStatus.HELD and "403" in held.last_error
+    assert (total.published, total.held) == (10, 1)
