@@ -3,6 +3,7 @@ publishes to the real RabbitMQ is told (warn by default, fail with the strict in
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -64,6 +65,7 @@ def test_a_test_publishing_to_the_real_broker_is_told(rmq, tmp_path):
         warned.stdout
     )
     assert "use the rmq_broker fixture" in warned.stdout
+    assert re.search(r"test_user\.py:\d+: RealBrokerWarning", warned.stdout)  # the test's line
     strict = _pytest(tmp_path, env, "-o", "rmq_real_broker=error")
     assert strict.returncode == 1, strict.stdout
     assert "1 failed, 2 passed" in strict.stdout, strict.stdout

@@ -15,9 +15,12 @@ means it keeps quiet.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import pytest
 
@@ -69,6 +72,17 @@ def _mode(config: pytest.Config) -> str:
     return mode
 
 
+def _outside_us() -> int:
+    """The ``stacklevel`` of the first caller outside this package: the warning points at
+    the test's line that sent, not at ours."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # stacklevel 1 is guarded() (the function that warns), 2 its caller: sys._getframe(2)
+    level, frame = 2, cast("FrameType | None", sys._getframe(2))
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 @pytest.fixture(autouse=True)
 def _rmq_real_broker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     """Warn (or fail) at the first send of a test to the real broker; see the module."""
@@ -95,7 +109,7 @@ def _rmq_real_broker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
             )
             if mode == "error":
                 raise RealBrokerError(text)
-            warnings.warn(text, RealBrokerWarning, stacklevel=3)
+            warnings.warn(text, RealBrokerWarning, stacklevel=_outside_us())
         return original(self, *args, **kwargs)
 
     Publisher._send_bodies = guarded  # type: ignore[method-assign]
