@@ -207,6 +207,35 @@ def test_outbox_sends_a_task_only_if_the_transaction_commits():
         assert not TaskResultRecord.objects.filter(id=rolled_back.id).exists()
 
 
+@pytest.mark.django_db
+def test_admin_shows_each_attempt_and_requeues_the_parked_task(admin_client):
+    from django.contrib.admin import helpers
+    from django.urls import reverse
+
+    with InMemoryBroker() as broker:
+        result = t.always_fails.enqueue("transient")
+        broker.run_until_idle()
+        row = ParkedMessage.objects.get(message_id=result.id)
+        page = admin_client.get(
+            reverse("admin:django_rmq_retry_taskresultrecord_change", args=[result.id])
+        ).content.decode()
+        assert page.count("builtins.ValueError") == 2  # one per failed attempt
+        assert "failed on attempt 2" in page and "&quot;transient&quot;" in page
+        assert reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk]) in page
+        parked_page = admin_client.get(
+            reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk])
+        ).content.decode()
+        assert "transient" in parked_page  # the task's arguments, in its body
+        admin_client.post(
+            reverse("admin:django_rmq_retry_parkedmessage_changelist"),
+            {"action": "requeue_selected", helpers.ACTION_CHECKBOX_NAME: [row.pk]},
+        )
+        broker.run_until_idle()
+    assert [a for n, a, _x in t.RUNS if n == "always_fails"] == [1, 2, 3, 4]
+    result.refresh()
+    assert len(result.errors) == 4 and result.status == TaskResultStatus.FAILED
+
+
 # The real broker ---------------------------------------------------------------------------
 def consume(*names: str, count: int, idle: float = 5) -> None:
     call_command("rmq_consume", *names, max_messages=count, max_idle_time=idle, verbosity=0)

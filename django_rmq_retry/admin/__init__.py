@@ -17,6 +17,7 @@ from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
 from .parked import ParkedMessageAdmin
 from .policies import RetryPolicyAdmin, RetryPolicyForm
 from .progress import RequeueOperationAdmin
+from .tasks import TaskResultRecordAdmin
 
 __all__ = [
     "COUNT_CAP",
@@ -26,4 +27,5 @@ __all__ = [
     "RequeueOperationAdmin",
     "RetryPolicyAdmin",
     "RetryPolicyForm",
+    "TaskResultRecordAdmin",
 ]

@@ -1,0 +1,174 @@
+"""Scenario 1 with ``async def`` receivers, and with ``django.tasks`` tasks: consumers
+SIGKILLed at random moments while messages flow; restarted after every kill. At the end every
+message is handled or parked after exactly its policy's attempts, every task has a final
+result (or a parked row), and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import time
+
+import django
+import pytest
+from django.core.management import call_command
+
+from django_rmq_retry.registry import default_registry
+from tests.conftest import wait_for
+from tests.faults.conftest import Tally, kill, queues_empty, record, settle, spawn, stop
+
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.faults,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@pytest.fixture
+def aio(registry_snapshot):
+    from tests.testapp import async_consumers
+
+    default_registry.unregister(async_consumers.delta)
+    return importlib.reload(async_consumers)
+
+
+def kill_and_restart(rmq, procs, launch, *, kills: int, seed: int) -> list:
+    """``kills`` SIGKILLs of the one consumer, each once it is at work, at a random moment."""
+    rng = random.Random(seed)
+    running = launch()
+    procs.append(running)
+
+    def log_size() -> int:
+        return rmq.log.stat().st_size if rmq.log.exists() else 0
+
+    for _ in range(kills):
+        size = log_size()
+        wait_for(lambda s=size: log_size() > s, timeout=15)
+        time.sleep(rng.uniform(0.05, 1.0))
+        kill(running)
+        running = launch()
+        procs.append(running)
+    return [running]
+
+
+def test_async_receiver_consumer_sigkilled_repeatedly(rmq, procs, aio):
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    n = int(os.environ.get("FAULTS_ASYNC_MESSAGES", 1500))
+    rng = random.Random(34)
+    expected = {}
+    for i in range(n):
+        r = rng.random()
+        body: dict = {"id": i, "sleep": 0.02}
+        if r < 0.10:
+            body["fail"] = 1
+        elif r < 0.20:
+            body["fail"] = "always"
+        expected[("delta", i)] = "parked" if body.get("fail") == "always" else "done"
+        aio.aio_topic.send(body)
+    t0 = time.monotonic()
+    running = kill_and_restart(
+        rmq,
+        procs,
+        lambda: spawn(rmq, "delta", "--prefetch", "50", RMQ_TEST_ASYNC="1"),
+        kills=int(os.environ.get("FAULTS_ASYNC_KILLS", 8)),
+        seed=35,
+    )
+    tally = Tally(expected)
+    settled = settle(rmq, tally, timeout=float(os.environ.get("FAULTS_SETTLE", 180)))
+    for p in running:
+        stop(p)
+    wrong_attempts = [
+        f"{k}: {row.reason} after {row.attempts} attempts"
+        for k, row in tally.parked.items()
+        if expected.get(k) == "parked" and (row.reason != "exhausted" or row.attempts != 3)
+    ]
+    record(
+        "1 with async def receivers, SIGKILLed",
+        published=n,
+        handled=tally.handled_ok,
+        parked=tally.parked_count,
+        duplicates=tally.duplicates,
+        lost=len(tally.lost),
+        notes=f"async def receiver, concurrency 100, {time.monotonic() - t0:.0f}s",
+    )
+    assert settled, f"not settled; lost so far: {tally.lost[:20]}"
+    assert tally.lost == []
+    assert tally.wrong_outcome() == []
+    assert wrong_attempts == []
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django 6.0+")
+def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
+    from django_rmq_retry.models import ParkedMessage, TaskResultRecord
+    from tests.tasksproject import tasks as t
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    n = int(os.environ.get("FAULTS_TASK_MESSAGES", 600))
+    want: dict[str, str] = {}  # result id -> "SUCCESSFUL" | "parked"
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            want[t.add.enqueue(i, i).id] = "SUCCESSFUL"
+        elif kind == 1:
+            want[t.flaky.enqueue(succeed_on=2).id] = "SUCCESSFUL"
+        elif kind == 2:
+            want[t.async_add.enqueue(i, 1).id] = "SUCCESSFUL"
+        else:
+            want[t.always_fails.enqueue("transient").id] = "parked"
+    names = [
+        f"tasks.default.tests.tasksproject.tasks.{f}"
+        for f in ("add", "flaky", "async_add", "always_fails")
+    ]
+    rmq.log.touch()
+
+    def launch():
+        # Tasks write no handling log: the consumer's own output grows instead.
+        return spawn(rmq, *names, "--prefetch", "20", "--threads", "2")
+
+    kills = int(os.environ.get("FAULTS_TASK_KILLS", 6))
+    rng = random.Random(36)
+    running = launch()
+    procs.append(running)
+    for _ in range(kills):
+        wait_for(lambda: TaskResultRecord.objects.exclude(status="READY").exists(), 30)
+        time.sleep(rng.uniform(0.2, 1.5))
+        kill(running)
+        running = launch()
+        procs.append(running)
+
+    def missing() -> list[str]:
+        finished = dict(
+            TaskResultRecord.objects.filter(status="SUCCESSFUL").values_list("id", "status")
+        )
+        parked = set(ParkedMessage.objects.values_list("message_id", flat=True))
+        return [
+            rid
+            for rid, outcome in want.items()
+            if (outcome == "SUCCESSFUL" and rid not in finished)
+            or (outcome == "parked" and rid not in parked)
+        ]
+
+    deadline = time.monotonic() + float(os.environ.get("FAULTS_SETTLE", 180))
+    while missing() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    settled = not missing() and queues_empty(rmq)
+    stop(running)
+    lost = missing()
+    record(
+        "1 with django.tasks tasks, SIGKILLed",
+        published=n,
+        handled=sum(1 for o in want.values() if o == "SUCCESSFUL") - len(lost),
+        parked=ParkedMessage.objects.count(),
+        duplicates=0,
+        lost=len(lost),
+        notes=f"{kills} SIGKILLs; sync, flaky, async and failing tasks",
+    )
+    assert lost == []
+    assert settled
+    wrong = ParkedMessage.objects.exclude(
+        message_id__in=[r for r, o in want.items() if o == "parked"]
+    )
+    assert list(wrong.values_list("receiver", "reason")) == []
