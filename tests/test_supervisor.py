@@ -100,6 +100,8 @@ def test_sigterm_to_the_supervisor_is_a_warm_exit(rmq):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "forwarded to 2 consumer process(es) (warm shutdown)" in out
+    assert "SIGTERM: asked the 2 consumer processes to stop warm" in out  # the command's notice
+    assert "Starting 2 consumer processes (each says what it consumes)" in out
     done = {e["id"] for e in done_events(rmq.log)}
     started = {e["id"] for e in read_log(rmq.log) if e["event"] == "start"}
     assert started == done  # every receiver that started finished: warm
