@@ -165,6 +165,17 @@ def test_in_memory_async_task_runs():
 
 
 @pytest.mark.django_db
+def test_aenqueue_and_aget_result():
+    from asgiref.sync import async_to_sync
+
+    with InMemoryBroker() as broker:
+        result = async_to_sync(t.add.aenqueue)(4, 5)
+        broker.run_until_idle()
+    again = async_to_sync(t.add.aget_result)(result.id)
+    assert again.status == TaskResultStatus.SUCCESSFUL and again.return_value == 9
+
+
+@pytest.mark.django_db
 def test_results_off_writes_no_row_and_get_result_says_so():
     options = {"results": False}
     tasks_setting = {
@@ -285,3 +296,29 @@ def test_real_broker_awaits_async_tasks_on_the_event_loop(rmq):
     assert ok.return_value == 42
     assert retried.return_value == 4 and len(retried.errors) == 1 and retried.attempts == 2
     assert t.ASYNC_THREADS and all(n == "rmq-async-loop" for n in t.ASYNC_THREADS)
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_runs_a_high_priority_task_first(rmq):
+    from django_rmq_retry.conf import app_settings
+
+    if app_settings.QUEUE_TYPE == "quorum":
+        pytest.skip("quorum queues take no x-max-priority (docs/tutorial/tasks.md)")
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    queue = f"{rmq.prefix}.tasks.default.tests.tasksproject.tasks.add"
+    args = rmq.ch().queue_declare(queue, passive=True)
+    assert args.method.message_count == 0
+    for i in range(5):
+        t.add.using(priority=-100).enqueue(i, 0)
+    t.add.using(priority=100).enqueue(100, 0)
+    call_command(
+        "rmq_consume",
+        "tasks.default.tests.tasksproject.tasks.add",
+        max_messages=6,
+        max_idle_time=10,
+        prefetch=1,
+        threads=1,
+        verbosity=0,
+    )
+    assert [x[0] for _n, _a, x in t.RUNS] == [100, 0, 1, 2, 3, 4]
