@@ -223,6 +223,18 @@ def _lock_due_rows(
         pending = pending.filter(group=group)
     if after is not None:
         pending = pending.filter(id__gt=after)
+    if connections[using].vendor == "postgresql":
+        # Lock the round's rows in one statement first: read FETCH by FETCH, another relay's
+        # round took the rows between two of this round's reads, and a big transaction ended
+        # up split between rounds that each had to stop at the other's stretch (``_gaps``).
+        ids = list(
+            pending.select_for_update(skip_locked=True)
+            .order_by("id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if not ids:
+            return iter(())
+        pending = pending.filter(id__gte=ids[0], id__lte=ids[-1])
     # The JSON copy of the properties only where no encoded one is stored: decoding it for
     # every row cost the relay as much CPU as reading the rest of the row.
     legacy = Case(When(wire_properties__isnull=True, then=F("properties")), default=None)
