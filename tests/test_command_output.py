@@ -400,3 +400,27 @@ def test_a_send_before_the_topology_is_declared_says_to_run_rmq_setup(rmq, setti
         "The topology is not declared on this broker: run `manage.py rmq_setup` (or start "
         "`manage.py rmq_consume`) with the same BROKER_URL and PREFIX first"
     ) in str(caught.value)
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_rmq_relay_says_what_it_relays_and_what_a_stop_waits_for(rmq):
+    from tests.conftest import ROOT, Child, subprocess_env, wait_for
+
+    out = rmq.log.with_name("relay.out")
+    relay = Child(
+        [sys.executable, str(ROOT / "manage.py"), "rmq_relay"],
+        subprocess_env(rmq.prefix, rmq.log),
+        out,
+    )
+    assert wait_for(lambda: "Relaying the outbox" in relay.output(), 60), relay.output()
+    relay.send_signal(signal.SIGTERM)
+    text, _ = relay.communicate(timeout=60)
+    assert relay.returncode == 0, text
+    assert (
+        "Relaying the outbox of database 'default' to amqp://guest:***@127.0.0.1:5672/%2F. "
+        "Ctrl-C or SIGTERM stops after the rows being published are confirmed." in text
+    )
+    assert "SIGTERM: stopping once the rows being published are confirmed" in text
+    assert "Stopped: 0 published" in text

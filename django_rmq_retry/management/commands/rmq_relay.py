@@ -3,11 +3,15 @@ not consume (``rmq_consume`` runs the same relay beside its receivers)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_rmq_retry import broker
+from django_rmq_retry.conf import broker_urls
 from django_rmq_retry.consumer.housekeeper import Housekeeper
 from django_rmq_retry.management.helptext import setting_value
 from django_rmq_retry.management.preflight import require_tables
@@ -54,7 +58,25 @@ class Command(BaseCommand):
             purge_inbox=not options["no_inbox_purge"],
             once=options["once"],
         )
-        restore = on_stop_signals(lambda _signum: stop.set())
+        if options["verbosity"] >= 1 and not options["once"]:
+            urls = ", ".join(broker.mask_url(u) for u in broker_urls())
+            self.stdout.write(
+                f"Relaying the outbox of database '{options['database']}' to {urls}. "
+                "Ctrl-C or SIGTERM stops after the rows being published are confirmed."
+            )
+
+        def on_signal(signum: int) -> None:
+            if not stop.is_set() and options["verbosity"] >= 1:
+                # a signal handler: a write it interrupted must not become a crash
+                with contextlib.suppress(RuntimeError, OSError, ValueError):
+                    self.stdout.write(
+                        f"{signal.Signals(signum).name}: stopping once the rows being "
+                        "published are confirmed (committed rows not yet published stay for "
+                        "the next relay)."
+                    )
+            stop.set()
+
+        restore = on_stop_signals(on_signal)
         try:
             keeper.run()
         finally:
