@@ -176,6 +176,23 @@ def test_aenqueue_and_aget_result():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("error", ["UnroutableError", "BrokerUnavailable"])
+def test_a_task_not_enqueued_leaves_no_result_row(monkeypatch, error):
+    from django_rmq_retry.core import errors
+
+    exc = getattr(errors, error)
+    with InMemoryBroker() as broker:
+
+        def refuse(*args, **kwargs):
+            raise exc("refused, or no broker")
+
+        monkeypatch.setattr(broker.publisher, "_send_batch", refuse)
+        with pytest.raises(exc):
+            t.add.enqueue(1, 2)
+    assert not TaskResultRecord.objects.exists()
+
+
+@pytest.mark.django_db
 def test_results_off_writes_no_row_and_get_result_says_so():
     options = {"results": False}
     tasks_setting = {

@@ -32,7 +32,6 @@ from django.utils.crypto import get_random_string
 from django.utils.json import normalize_json
 
 from ..core.backoff import Policy
-from ..core.errors import PublishError
 from ..registry import Registry, default_registry
 from ..topics import Topic
 from . import results
@@ -156,8 +155,8 @@ class RabbitMQBackend(BaseTaskBackend):
             results.write_enqueued(msg)
         try:
             self._send(msg)
-        except PublishError:
-            if self.results and not self.outbox:
+        except Exception:  # not enqueued (refused, broker down, outbox write failed): no row
+            if self.results:
                 results.forget(msg.result_id)
             raise
         result: TaskResult[Any, Any] = TaskResult(
