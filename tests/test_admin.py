@@ -251,7 +251,7 @@ def test_detail_page_pretty_prints_json_and_shows_headers_traceback_history(clie
     assert "JSON · 26 bytes" in html
     assert "&quot;tenant&quot;: &quot;acme&quot;" in html
     assert "Boom: nope" in html
-    assert "2026-01-01T00:00:00" in html
+    assert "2026-01-01 00:00:00" in html  # the history, shown with seconds
     assert "download the raw body" in html
     raw = client.get(reverse("admin:django_rmq_retry_parkedmessage_body", args=[row.pk]))
     assert raw.content == b'{"order":17,"items":[1,2]}'

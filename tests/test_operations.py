@@ -119,8 +119,7 @@ def test_canary_ramp_and_rate_reach_the_receiver_once_per_row(rmq):
     assert handled_ids(rmq) == Counter(range(n))  # exactly once each
     assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 0
     progress = operations.progress(op)
-    # Paced, never faster than asked (a little over for the rounding of one step).
-    assert progress.achieved_rate is not None and progress.achieved_rate <= rate * 1.1
+    assert progress.achieved_rate is not None  # reported, not asserted: no timed assertions
     print(
         f"rate asked {rate}/s, achieved {progress.achieved_rate}/s, "
         f"wall {time.monotonic() - started:.1f}s"
@@ -192,4 +191,4 @@ def test_a_10000_row_group_with_canary_and_rate_reaches_its_receiver_once_per_ro
     assert handled_ids(rmq) == Counter(range(n))
     achieved = operations.progress(op).achieved_rate
     print(f"\n10,000 rows: rate asked {rate}/s, achieved {achieved}/s")
-    assert achieved is not None and achieved <= rate * 1.1
+    assert achieved is not None  # reported, not asserted: no timed assertions

@@ -275,7 +275,9 @@ def test_requeue_goes_back_to_the_failed_receiver_only_and_returns_to_its_row(rm
     assert {(r.status, r.park_count, r.requeue_count, r.attempts) for r in rows} == {
         ("parked", 2, 1, 3)
     }
-    assert all(len(r.history) == 2 for r in rows)
+    # parked, requeued (who: the command), parked again
+    assert all([e["event"] for e in r.history] == ["parked", "requeued", "parked"] for r in rows)
+    assert all(r.history[1]["by"] == "cli" for r in rows)
     alpha_starts = Counter(
         e["id"] for e in read_log(rmq.log) if e["event"] == "start" and e["receiver"] == "alpha"
     )

@@ -73,4 +73,6 @@ def _when(value: datetime | None) -> str:
     """``value`` in the current time zone with seconds, or a dash."""
     if value is None:
         return "—"
+    if timezone.is_naive(value):  # USE_TZ = False, or an old history event
+        return dateformat.format(value, "Y-m-d H:i:s")
     return dateformat.format(timezone.localtime(value), WHEN_FORMAT)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import Any
+
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import current_names
+from ..core import history
 from ..models import ParkedMessage, ParkedStatus
 from ..preview import body_preview
 from .common import _error_type_label, _pretty, _when
@@ -93,33 +101,31 @@ class DetailMixin(admin.ModelAdmin):
     def properties_display(self, obj: ParkedMessage) -> SafeString:
         return format_html('<pre class="rmq-pre">{}</pre>', _pretty(obj.properties or {}))
 
-    @admin.display(description=_("failure history"))
+    @admin.display(description=_("history"))
     def history_display(self, obj: ParkedMessage) -> SafeString | str:
-        events = [e for e in (obj.history or []) if isinstance(e, dict)]
-        if not events:
+        """Every attempt (from the message's history header and each parking), then every
+        park, requeue, edit and discard with who did it, in time order."""
+        lines = timeline(obj)
+        if not lines:
             return "—"
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            '<tr class="rmq-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td></tr>",
             (
-                (
-                    e.get("at", ""),
-                    e.get("event", ""),
-                    e.get("reason", ""),
-                    e.get("error_type", ""),
-                    e.get("attempts", ""),
-                )
-                for e in events
+                (line.kind, _when(line.at), line.label, line.where, line.took, line.what, line.next)
+                for line in lines
             ),
         )
         return format_html(
-            "<table><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>"
-            "</thead><tbody>{}</tbody></table>",
+            '<table class="rmq-history"><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th>'
+            "<th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
             _("when"),
-            _("event"),
-            _("reason"),
-            _("error type"),
-            _("attempts"),
+            _("what happened"),
+            _("where / who"),
+            _("took"),
+            _("exception and first own frame / detail"),
+            _("then"),
             rows,
         )
 
@@ -132,3 +138,90 @@ class DetailMixin(admin.ModelAdmin):
         response["Content-Disposition"] = f'attachment; filename="parked-{row.pk}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a parked message's history."""
+
+    at: datetime | None
+    kind: str
+    label: str
+    where: str = ""
+    took: str = ""
+    what: str = ""
+    next: str = ""
+
+
+def _at(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        value = parse_datetime(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt_timezone.utc)  # our events are written in UTC
+    return value
+
+
+def _attempt_line(record: dict[str, str]) -> Line:
+    return Line(
+        _at(record.get("at")),
+        "attempt",
+        f"attempt {record.get('attempt', '?')}",
+        record.get("where", ""),
+        record.get("took", ""),
+        record.get("what", ""),
+        record.get("next", ""),
+    )
+
+
+def timeline(obj: ParkedMessage) -> list[Line]:
+    """The attempts and the operator events of ``obj``, oldest first."""
+    lines: list[Line] = []
+    seen: set[str] = set()
+    header = (obj.headers or {}).get(current_names().header("history"))
+    for record in history.parse(header):
+        key = repr(sorted(record.items()))
+        if key not in seen:
+            seen.add(key)
+            lines.append(_attempt_line(record))
+    for event in obj.history or []:
+        if not isinstance(event, dict):
+            continue
+        last = event.get("attempt")
+        if isinstance(last, str):
+            for parsed in history.parse([last]):
+                lines.append(_attempt_line(parsed))
+        kind = str(event.get("event", ""))
+        detail = event.get("diff") or " ".join(
+            str(event[k]) for k in ("reason", "error_type") if event.get(k)
+        )
+        lines.append(
+            Line(
+                _at(event.get("at")),
+                kind,
+                kind,
+                str(event.get("by", "")),
+                "",
+                str(detail),
+                f"after {event['attempts']} attempt(s)" if event.get("attempts") else "",
+            )
+        )
+    if obj.status in (ParkedStatus.REQUEUED, ParkedStatus.DISCARDED):
+        # The current status's change (bulk requeues and discards do not write history).
+        kind = str(obj.status)
+        already = (
+            lines and lines[-1].kind in (kind, "edited") and lines[-1].at == obj.status_changed_at
+        )
+        if not already:
+            lines.append(Line(obj.status_changed_at, kind, kind, obj.status_changed_by))
+    epoch = datetime.min.replace(tzinfo=dt_timezone.utc)
+    return sorted(lines, key=lambda line: _aware(line.at) or epoch)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt_timezone.utc)
+    return value

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -22,6 +24,7 @@ from django.conf import settings
 
 from .. import hooks as _hooks
 from ..conf import app_settings
+from ..core import history
 from ..core.backoff import Policy
 from ..core.deadletter import dead_letter_park, last_death
 from ..core.delays import DelayLevels, epoch_us, landing_wait, route
@@ -99,7 +102,15 @@ class Handler:
         h = names.header
         self._error_header = h("error")
         #: Our optional headers, in the order they go when a copy does not fit its frame.
-        self._droppable = (h("error"), h("error-type"), h("last-failure"), h("first-failure"))
+        #: The attempt history goes first: the least needed to route and count a copy.
+        self._history_header = h("history")
+        self._droppable = (
+            h("error"),
+            h("error-type"),
+            h("last-failure"),
+            h("first-failure"),
+        )
+        self._host = socket.gethostname()
         self.levels = levels
         self.landing_ms = landing_ms
         self._due_header = names.header("due")
@@ -170,7 +181,7 @@ class Handler:
         message = self._message(d, rec, env, headers, verdict)
         hooks = self.hooks
         token = hooks.attempt_started(message) if hooks is not None else None
-        return Attempt(d, rec, env, message, start_key, token)
+        return Attempt(d, rec, env, message, start_key, token, time.perf_counter())
 
     def handle(self, d: Delivery) -> Action:
         step = self.prepare(d)
@@ -190,8 +201,9 @@ class Handler:
         action: Action
         start_key = step.start_key
         if error is not None:
+            took_ms = (time.perf_counter() - step.started) * 1000 if step.started else 0.0
             action = self._after_failure(
-                step.delivery, step.receiver, step.env, step.message, error, start_key
+                step.delivery, step.receiver, step.env, step.message, error, start_key, took_ms
             )
         else:
             headers = step.delivery.properties.get("headers") or {}
@@ -283,13 +295,16 @@ class Handler:
         message: Message,
         exc: BaseException,
         start_key: str | None,
+        took_ms: float = 0.0,
     ) -> PublishRetry | StorePark:
         policy = self.policy_for(rec)
         decision = decide(
             env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng
         )
         if isinstance(decision, Park):
-            return self._park(d, rec.name, env, decision, exc=exc, start_key=start_key)
+            return self._park(
+                d, rec.name, env, decision, exc=exc, start_key=start_key, took_ms=took_ms
+            )
         assert isinstance(decision, RetryLater)
         now = self.clock()
         failure = Failure(error_type_name(exc), error_summary(exc, self.error_header_max), now)
@@ -310,6 +325,10 @@ class Handler:
             target_queue=d.queue,
             due_us=way.due_us,
             first_failure=env.first_failure,
+        )
+        props["headers"][self._history_header] = history.add(
+            props["headers"].get(self._history_header),
+            self._attempt_record(env, exc, now, took_ms, way.delay_ms / 1000),
         )
         if self.hooks is not None:  # e.g. this attempt's trace context, for the next one
             self.hooks.retry_copy(props["headers"])
@@ -353,6 +372,21 @@ class Handler:
         park = Park(ParkReason.NON_RETRYABLE, detail)
         return self._park(d, receiver, env, park, start_key=start_key)
 
+    def _attempt_record(
+        self,
+        env: Envelope,
+        exc: BaseException,
+        at: datetime,
+        took_ms: float,
+        next_delay_s: float | None,
+    ) -> str:
+        """This attempt for the history header (``core.history``): a few microseconds, the
+        frame found as the failure group finds it (``walk_tb``, no source lines read)."""
+        what = fingerprint(
+            error_type_name(exc), frames_of(exc.__traceback__), self._roots, self._base_dir
+        )
+        return history.record(env.attempt, at, self._host, os.getpid(), took_ms, what, next_delay_s)
+
     def _fit_to_frame(self, props: dict[str, Any]) -> tuple[dict[str, Any] | None, Any]:
         """A retry copy's properties fitted to the publishing connection's frame limit
         (``core.header_budget``) and their encoded form: ``(None, bytes needed)`` if they
@@ -369,10 +403,16 @@ class Handler:
             return len(encode(p).data)
 
         fitted = fit_headers(
-            props, room, size, error_header=self._error_header, droppable=self._droppable
+            props,
+            room,
+            size,
+            error_header=self._error_header,
+            droppable=self._droppable,
+            drop_first=(self._history_header,),
         )
         if fitted is None:
-            headers = {k: v for k, v in props["headers"].items() if k not in self._droppable}
+            optional = {*self._droppable, self._history_header}
+            headers = {k: v for k, v in props["headers"].items() if k not in optional}
             return None, size({**props, "headers": headers})
         return fitted, self.encode(fitted)
 
@@ -385,6 +425,7 @@ class Handler:
         *,
         exc: BaseException | None = None,
         start_key: str | None = None,
+        took_ms: float = 0.0,
     ) -> StorePark:
         """Describe the row to park (the parking thread writes it)."""
         now = self.clock()
@@ -417,6 +458,9 @@ class Handler:
             fingerprint=group,
             first_failure_at=env.first_failure or now,
             last_failure_at=now,
+            attempt_record=(
+                self._attempt_record(env, exc, now, took_ms, None) if exc is not None else ""
+            ),
         )
         log_line = (
             f"parked {receiver} message {d.properties.get('message_id')} after {env.attempt} "
@@ -435,6 +479,7 @@ class Attempt:
     message: Message
     start_key: str | None
     token: Any  # the observability hooks' token of this attempt
+    started: float = 0.0  # time.perf_counter() as the receiver was about to run
 
 
 def is_async(rec: Receiver) -> bool:

@@ -46,12 +46,14 @@ def fit_headers(
     *,
     error_header: str,
     droppable: Sequence[str],
+    drop_first: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """``properties`` with our optional headers shrunk until ``size`` of them is at most
     ``room``; ``None`` if even without them they do not fit (the copy cannot be sent).
 
     The error text (``error_header``) is shortened first (to what fits, marked with
-    ``CUT_MARK``), then the ``droppable`` headers go in their order (the error itself,
+    ``CUT_MARK``; the ``drop_first`` headers go before that), then the ``droppable``
+    headers go in their order (the error itself,
     then the rest of the failure story). Nothing else is touched: the caller's headers are
     the message, and the ones we need to route and count a copy are not optional.
     """
@@ -62,6 +64,9 @@ def fit_headers(
     # A copy keeps the sender's entries as bytes (``RawHeaders``); only ours are shrunk.
     headers = source.copy() if isinstance(source, RawHeaders) else dict(source)
     props["headers"] = headers
+    for name in drop_first:  # the least needed (the attempt history), before the error
+        if headers.pop(name, None) is not None and size(props) <= room:
+            return props
     error = headers.get(error_header)
     if isinstance(error, str):
         excess = size(props) - room

@@ -58,6 +58,8 @@ RAMP = (1, 5, 20, 100, 500)
 LEASE_SECONDS = 30.0
 #: A paced step sends at most this many seconds' worth of the rate (smooth, not bursty).
 PACE_SECONDS = 0.5
+#: Seconds of lag a paced step may catch up (the rate's clock never runs further back).
+CATCH_UP_SECONDS = 1.0
 #: Seconds between two steps of an operation waiting for outcomes.
 WAIT_SECONDS = 0.5
 #: Rows a step sends at most (``RequeueResult.requeued_ids`` lists up to 1,000).
@@ -328,12 +330,16 @@ def _finish(op: RequeueOperation, state: Any, reason: str) -> None:
 # Steps
 
 
-def _batch_size(op: RequeueOperation) -> int:
+def _batch_size(op: RequeueOperation, now: datetime) -> int:
+    """Rows the next step sends. With a rate: half a second's worth, plus what the steps
+    fell behind their clock (a step takes time of its own; at most a second is caught up,
+    so a pause never turns into a burst)."""
     size = int(app_settings.BATCH_SIZE)
     if op.ramp and op.step < len(RAMP):
         size = min(size, RAMP[op.step])
     if op.rate:
-        size = min(size, max(1, math.ceil(op.rate * PACE_SECONDS)))
+        behind = min(CATCH_UP_SECONDS, max(0.0, (now - op.next_at).total_seconds()))
+        size = min(size, max(1, math.ceil(op.rate * (PACE_SECONDS + behind))))
     return size
 
 
@@ -372,7 +378,7 @@ def _step(op: RequeueOperation, now: datetime) -> None:
         stage = "Canary" if in_canary else "Ramp"
         _wait(op, now, f"{stage}: waiting for {waiting} sent message(s) to be handled.")
         return
-    size = op.canary - op.sent if op.sent < op.canary else _batch_size(op)
+    size = op.canary - op.sent if op.sent < op.canary else _batch_size(op, now)
     sent = _send(op, min(size, MAX_STEP))
     _refresh(op)
     if sent:
@@ -401,7 +407,7 @@ def _step(op: RequeueOperation, now: datetime) -> None:
     if op.rate and sent:
         # The rate's clock: each step's messages take sent / rate seconds, counted from
         # when the last step was due (no drift), never from long ago (no catch-up burst).
-        start = max(op.next_at, now - timedelta(seconds=1))
+        start = max(op.next_at, now - timedelta(seconds=CATCH_UP_SECONDS))
         op.next_at = start + timedelta(seconds=sent / op.rate)
     elif sent:
         op.next_at = now

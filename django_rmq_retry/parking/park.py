@@ -51,6 +51,8 @@ class ParkRequest:
     fingerprint: str = ""
     first_failure_at: datetime | None = None
     last_failure_at: datetime | None = None
+    #: The parking attempt for the row's history (``core.history.record``), if it ran.
+    attempt_record: str = ""
 
 
 def park_key(req: ParkRequest, names: Names) -> str:
@@ -106,6 +108,8 @@ def _prepare(req: ParkRequest, names: Names) -> _Prepared:
         "error_type": text_column(req.error_type),
         "attempts": req.attempts,
     }
+    if req.attempt_record:
+        event["attempt"] = req.attempt_record
     fields = {
         "receiver": text_column(req.receiver)[:255],
         "queue": text_column(req.queue)[:255],
@@ -195,6 +199,14 @@ def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, b
     row = _requeued_row(p, req, using) if p.parked_id else None
     if row is None:
         return manager.create(park_key=p.key, history=[p.event], **p.fields), True
+    # The requeue that sent this copy, told before its return (bulk requeues mark rows
+    # without touching their history; the row still names who requeued it, and when).
+    requeue_event = {
+        "at": row.status_changed_at.isoformat() if row.status_changed_at else "",
+        "event": "requeued",
+        "by": row.status_changed_by,
+    }
+    back = [requeue_event] if row.status == ParkedStatus.REQUEUED else []
     for name, value in p.fields.items():
         setattr(row, name, value)
     row.park_key = p.key
@@ -207,7 +219,7 @@ def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, b
     ParkedClaim.objects.using(using).filter(parked_id=row.pk).delete()
     row.requeue_count = max(row.requeue_count, p.requeued)
     row.park_count = row.park_count + 1
-    row.history = [*(row.history or []), p.event][-50:]
+    row.history = [*(row.history or []), *back, p.event][-50:]
     row.save()
     return row, False
 
