@@ -73,7 +73,7 @@ class RequeueOperationAdmin(admin.ModelAdmin):
         ("created_by", "created_when"),
         "description",
         ("canary", "ramp", "rate", "stop_on_failure"),
-        ("total", "sent", "handled", "failed_again", "refused", "skipped"),
+        ("refused", "skipped"),  # the other counters are the live table above
         "state_changed_by",
     )
     readonly_fields = (
