@@ -21,13 +21,14 @@ reconnects nor pauses: the relay keeps what got no answer, and backs a nacked ro
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -328,9 +329,11 @@ class Publisher:
     ) -> None:
         """The transport's part of :meth:`_stream` and :meth:`_batches`
         (``testing`` has its own): ``sent`` (if given) collects what was published."""
-        sent = sent if sent is not None else []
+        # What may lack an answer if the broker refuses one message: the caller's list, or
+        # (a stream of any length: the requeue's) only the recent items, not the stream.
+        sink: list[broker.Outgoing] | _Unanswered = sent if sent is not None else _Unanswered()
         try:
-            outcome = self._run(items, window, sent)
+            outcome = self._run(items, window, sink)
         except BrokerUnavailable as exc:
             raise _stream_error(sent, str(exc)) from exc
         except ConnectionLost as exc:
@@ -347,7 +350,7 @@ class Publisher:
             # the stream there (the caller goes on with what it did not hand over yet).
             self._pipeline = None
             try:
-                self._isolate(sent, outcome.refusal)
+                self._isolate(list(sink), outcome.refusal)
             except PublishError as exc:
                 raise _stream_error(sent, str(exc)) from exc
             return
@@ -407,7 +410,7 @@ class Publisher:
         self,
         items: Iterable[broker.Outgoing | None],
         window: int,
-        sent: list[broker.Outgoing] | None = None,
+        sent: list[broker.Outgoing] | _Unanswered | None = None,
     ) -> broker.BatchOutcome:
         """``Pipeline.run`` on this publisher's pipeline. A connection the broker closed for
         what one message carried (a frame error) comes back as the outcome's ``refusal``
@@ -543,6 +546,27 @@ class Publisher:
             raise _batch_error(
                 items, "the broker did not confirm every message in time", PublishError
             )
+
+
+class _Unanswered:
+    """The items a stream published that may still lack an answer (what
+    :meth:`Publisher._isolate` needs), answered ones dropped from the front as it goes
+    (answers come in publish order, mostly): no more memory than the messages in flight
+    hold already, not the whole stream (a requeue of 100,000 rows)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[broker.Outgoing] = collections.deque()
+
+    def append(self, item: broker.Outgoing, /) -> None:
+        items = self._items
+        items.append(item)
+        while items[0].state:
+            items.popleft()
+            if not items:
+                return
+
+    def __iter__(self) -> Iterator[broker.Outgoing]:
+        return iter(self._items)
 
 
 def _batch_error(items: list[broker.Outgoing], text: str, kind: type[PublishError]) -> PublishError:

@@ -15,11 +15,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from ..conf import app_settings
 from ..core.errors import ConnectionLost, MessageRefused
+from ..core.header_budget import properties_room
 from .connection import Connection
 from .errors import LOST, describe, refusal
 from .pikaext import FrameWriter, async_channel
@@ -33,9 +34,6 @@ STALL_TIMEOUT = 30.0
 FLUSH_EVERY = 100
 #: Seconds the I/O loop runs when a lazy source has nothing to publish yet.
 IDLE_PUMP = 0.002
-#: A content-header frame's bytes beside the properties: the frame's type, channel and
-#: size (7), class id, weight and body size (12), the frame-end octet (1).
-HEADER_FRAME_OVERHEAD = 20
 #: The ``user_id`` bit of the properties' flag word.
 _USER_ID_FLAG = 1 << 4
 
@@ -68,10 +66,11 @@ def early_refusal(
                 f"its user_id {user_id!r} is not the connection's login {login!r} "
                 "(RabbitMQ closes the channel: 406 PRECONDITION_FAILED)"
             )
-    if frame_max and len(data) + HEADER_FRAME_OVERHEAD > frame_max:
+    room = properties_room(frame_max)  # the same budget retry copies are fitted to
+    if room is not None and len(data) > room:
         return (
-            f"its properties take {len(data)} bytes: with the frame's own "
-            f"{HEADER_FRAME_OVERHEAD} they exceed the connection's frame_max of {frame_max} "
+            f"its properties take {len(data)} bytes, more than the {room} a content-header "
+            f"frame leaves them at the connection's frame_max of {frame_max} "
             "(RabbitMQ closes the connection: 501 FRAME_ERROR)"
         )
     if max_message_size and len(body) > max_message_size:
@@ -302,6 +301,12 @@ class Outgoing:
         self.refused = reason
 
 
+class Sink(Protocol):
+    """Where :meth:`Pipeline.run` puts each item it publishes (a list will do)."""
+
+    def append(self, item: Outgoing, /) -> None: ...
+
+
 @dataclass
 class BatchOutcome:
     channel_error: str | None = None  # why the channel closed, if it did
@@ -380,7 +385,7 @@ class Pipeline:
         return True
 
     def run(
-        self, items: Iterable[Outgoing | None], window: int, sent: list[Outgoing] | None = None
+        self, items: Iterable[Outgoing | None], window: int, sent: Sink | None = None
     ) -> BatchOutcome:
         """Publish ``items`` as the iterable yields them, then wait for every answer.
 
@@ -413,10 +418,10 @@ class Pipeline:
                 return outcome
             if self.channel.broken is not None:
                 break
-            if sent is not None:
-                sent.append(item)
             item.state = ""
             item.returned = False
+            if sent is not None:
+                sent.append(item)
             try:
                 self.channel.publish(
                     item.exchange,
