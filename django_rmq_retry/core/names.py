@@ -86,6 +86,10 @@ OUR_HEADERS: dict[str, str] = {
     "last-failure": "ISO 8601 UTC time of the latest failure.",
     "error-type": "Class of the latest exception (one line).",
     "error": "Message of the latest exception, one line, truncated to ERROR_HEADER_MAX.",
+    "history": (
+        "One short record per failed attempt (when, host:pid, run time, exception and frame, "
+        "next delay); the first 2 and last 3 kept; the first header dropped when a copy is too big."
+    ),
     "original-exchange": "The exchange the message was first published to.",
     "original-routing-key": "The routing key it was first published with.",
     "original-expiration": "The sender's expiration property, kept aside: a TTL would cut a delay short.",
