@@ -49,9 +49,11 @@ POSITIVE = (
     "OUTBOX_MAX_ATTEMPTS",
     "INBOX_RETENTION_DAYS",
     "MAX_MESSAGE_BYTES",
+    "ALERT_THRESHOLD",
+    "ALERT_WINDOW_SECONDS",
 )
 #: Settings that must be numbers >= 0.
-NON_NEGATIVE = ("PUBLISH_NACK_WAIT", "SPARE_PREFETCH", "PARK_LOG_INTERVAL")
+NON_NEGATIVE = ("PUBLISH_NACK_WAIT", "SPARE_PREFETCH", "PARK_LOG_INTERVAL", "ALERT_CHECK_SECONDS")
 
 
 #: The longest ``x-message-ttl`` RabbitMQ accepts (milliseconds, unsigned 32 bits).

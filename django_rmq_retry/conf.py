@@ -125,6 +125,14 @@ DEFAULTS: dict[str, Any] = {
     # send, the outbox relay, a requeue, a retry copy, the admin's edit), rather than let the
     # broker close the channel under the messages beside it.
     "MAX_MESSAGE_BYTES": 134_217_728,
+    # Alerts on failure groups (parking.alerts): a new group, or one past ALERT_THRESHOLD
+    # parked rows, gives one notification per group per ALERT_WINDOW_SECONDS. ALERT_HANDLER:
+    # None for mail_admins, or the dotted path of a callable(alert) (a Slack webhook...).
+    # The consumers' operations thread looks every ALERT_CHECK_SECONDS (0: no alerts).
+    "ALERT_HANDLER": None,
+    "ALERT_THRESHOLD": 100,
+    "ALERT_WINDOW_SECONDS": 3600,
+    "ALERT_CHECK_SECONDS": 30,
     # Observability (docs/howto/observability.md). A port: rmq_consume serves Prometheus
     # metrics (/metrics, needs the "prometheus" extra) and health probes (/healthz/live,
     # /healthz/ready) there; --metrics-port overrides it. None: no endpoint.

@@ -270,6 +270,29 @@ class RequeueItem(models.Model):
         return f"#{self.parked_id} in operation {self.operation_id}: {self.state}"
 
 
+class FailureGroupAlert(models.Model):
+    """When a failure group last gave an alert, and at which size: one alert per group per
+    window, whatever the number of messages or processes (``parking.alerts``)."""
+
+    receiver = models.CharField(_("receiver"), max_length=255)
+    fingerprint = models.CharField(_("failure group"), max_length=255, blank=True)
+    error_type = models.CharField(_("error type"), max_length=255, blank=True)
+    alerted_at = models.DateTimeField(_("alerted at"))
+    count = models.BigIntegerField(_("rows then"), default=0)
+
+    class Meta:
+        verbose_name = _("failure group alert")
+        verbose_name_plural = _("failure group alerts")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["receiver", "fingerprint", "error_type"], name="rmqr_alert_group"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receiver} · {self.fingerprint}: alerted at {self.count}"
+
+
 class RetryPolicy(models.Model):
     """Overrides a receiver's retry policy at run time; consumers pick it up within
     ``POLICY_CACHE_SECONDS`` without a restart."""

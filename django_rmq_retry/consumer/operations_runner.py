@@ -1,6 +1,7 @@
 """The thread that advances background requeue operations in a consumer process.
 
-Started with the housekeeper (``rmq_consume`` and ``rmq_relay``); ``manage.py
+It also looks for failure-group alerts (``parking.alerts``). Started with the housekeeper
+(``rmq_consume`` and ``rmq_relay``); ``manage.py
 rmq_operations`` runs the same loop on its own. Several processes may run it: a lease on the
 operation's row lets one of them step it at a time. Idle, it costs one indexed query a
 second.
@@ -11,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 
 from django.db import DatabaseError, close_old_connections
 
+from ..conf import app_settings
 from ..core.errors import PublishError
-from ..parking import operations
+from ..parking import alerts, operations
 from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.operations")
@@ -34,6 +37,7 @@ class OperationsRunner:
         self.steps = 0
         self._owner = operations.new_owner()
         self._thread: threading.Thread | None = None
+        self._next_alerts = 0.0
 
     def start(self) -> None:
         operations.flusher_running.set()
@@ -54,12 +58,21 @@ class OperationsRunner:
             with contextlib.suppress(DatabaseError):
                 operations.flush_handled()  # the receivers' last reports
 
+    def _alerts(self) -> None:
+        """Failure-group alerts every ALERT_CHECK_SECONDS (not in a command's own run)."""
+        every = float(app_settings.ALERT_CHECK_SECONDS)
+        if self.only is not None or every <= 0 or time.monotonic() < self._next_alerts:
+            return
+        self._next_alerts = time.monotonic() + every
+        alerts.check()
+
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
                 operations.flush_handled()
                 self.steps += operations.advance_due(owner=self._owner, only=self.only)
                 wait = operations.next_due_in(IDLE_POLL, only=self.only)
+                self._alerts()
                 if self.once and not operations.running(only=self.only):
                     return
             except (DatabaseError, PublishError) as exc:
