@@ -50,7 +50,7 @@ from .core.errors import (
     TopologyError,
     UnroutableError,
 )
-from .registry import default_registry
+from .registry import app_missing_hint, default_registry
 
 logger = logging.getLogger("django_rmq_retry.publishing")
 
@@ -699,6 +699,9 @@ def _undeclared_hint(error: str) -> str:
     never declared there (publishers need write permission only and declare nothing)."""
     if "NOT_FOUND" not in error or f"'{current_names().prefix}." not in error:
         return ""
+    missing = app_missing_hint()
+    if missing:
+        return f". {missing}"
     return (
         ". The topology is not declared on this broker: run `manage.py rmq_setup` (or start "
         "`manage.py rmq_consume`) with the same BROKER_URL and PREFIX first"

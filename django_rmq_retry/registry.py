@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
 from .core.backoff import Policy
@@ -221,6 +222,9 @@ class Registry:
     def unrouted_hint(self, routing_key: str, discover_module: str) -> str:
         """What to check when the broker had no queue for ``routing_key`` (a send came back
         unroutable): the receivers this process knows, and where receivers come from."""
+        missing = app_missing_hint()
+        if missing:
+            return missing
         mine = [r.name for r in self.all() if routing_key in r.routing_keys]
         if mine:
             return (
@@ -245,6 +249,19 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+
+def app_missing_hint() -> str:
+    """The one thing to say when this app is not in INSTALLED_APPS: no receiver is
+    discovered, and the commands a hint would name (``rmq_setup``, ``rmq_consume``) are
+    unknown to ``manage.py`` until it is."""
+    if apps.is_installed("django_rmq_retry"):
+        return ""
+    return (
+        "'django_rmq_retry' is not in INSTALLED_APPS: add it, then run `manage.py migrate "
+        "django_rmq_retry` and `manage.py rmq_setup` (no receiver is discovered, and its "
+        "commands do not exist, until it is installed)."
+    )
 
 
 def _unwrap(func: Any) -> Any:
