@@ -293,6 +293,31 @@ class FailureGroupAlert(models.Model):
         return f"{self.receiver} · {self.fingerprint}: alerted at {self.count}"
 
 
+class ParkedGroupSnapshot(models.Model):
+    """A failure group's parked and requeued counts at one hour (``parking.snapshots``):
+    copied from :class:`ParkedGroupCount` by the consumers, kept eight days, read by the
+    dashboard's charts (never the parked rows)."""
+
+    hour = models.DateTimeField(_("hour"))
+    receiver = models.CharField(_("receiver"), max_length=255)
+    fingerprint = models.CharField(_("failure group"), max_length=255, blank=True)
+    error_type = models.CharField(_("error type"), max_length=255, blank=True)
+    parked = models.BigIntegerField(_("parked"), default=0)
+    requeued = models.BigIntegerField(_("requeued"), default=0)
+
+    class Meta:
+        verbose_name = _("failure group snapshot")
+        verbose_name_plural = _("failure group snapshots")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "receiver", "fingerprint", "error_type"], name="rmqr_snapshot_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.receiver}: {self.parked} parked"
+
+
 class RetryPolicy(models.Model):
     """Overrides a receiver's retry policy at run time; consumers pick it up within
     ``POLICY_CACHE_SECONDS`` without a restart."""

@@ -173,6 +173,11 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, EditMixin, OperationsMixi
                 name="{}_{}_summary".format(*info),
             ),
             path(
+                "dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="{}_{}_dashboard".format(*info),
+            ),
+            path(
                 "<path:object_id>/edit/",
                 self.admin_site.admin_view(self.edit_view),
                 name="{}_{}_edit".format(*info),

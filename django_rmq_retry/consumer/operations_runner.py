@@ -18,7 +18,7 @@ from django.db import DatabaseError, close_old_connections
 
 from ..conf import app_settings
 from ..core.errors import PublishError
-from ..parking import alerts, operations
+from ..parking import alerts, operations, snapshots
 from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.operations")
@@ -38,6 +38,7 @@ class OperationsRunner:
         self._owner = operations.new_owner()
         self._thread: threading.Thread | None = None
         self._next_alerts = 0.0
+        self._next_snapshot = 0.0
 
     def start(self) -> None:
         operations.flusher_running.set()
@@ -66,6 +67,13 @@ class OperationsRunner:
         self._next_alerts = time.monotonic() + every
         alerts.check()
 
+    def _snapshots(self) -> None:
+        """The dashboard's hourly points (``parking.snapshots``), once a minute."""
+        if self.only is not None or time.monotonic() < self._next_snapshot:
+            return
+        self._next_snapshot = time.monotonic() + snapshots.SNAPSHOT_EVERY
+        snapshots.take()
+
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
@@ -73,6 +81,7 @@ class OperationsRunner:
                 self.steps += operations.advance_due(owner=self._owner, only=self.only)
                 wait = operations.next_due_in(IDLE_POLL, only=self.only)
                 self._alerts()
+                self._snapshots()
                 if self.once and not operations.running(only=self.only):
                     return
             except (DatabaseError, PublishError) as exc:
