@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import app_settings
 from ..core.errors import PublishError
@@ -58,6 +58,8 @@ class OperationsRunner:
             operations.flusher_running.clear()
             with contextlib.suppress(DatabaseError):
                 operations.flush_handled()  # the receivers' last reports
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()  # this thread's own connections (none outlive it)
 
     def _alerts(self) -> None:
         """Failure-group alerts every ALERT_CHECK_SECONDS (not in a command's own run)."""
