@@ -104,7 +104,7 @@ def test_in_memory_retries_count_attempts_and_keep_one_error_each():
     task_finished.connect(on_finished)
     try:
         with InMemoryBroker() as broker:
-            result = t.flaky.enqueue(succeed_on=3)
+            result = t.flaky_task.enqueue(succeed_on=3)
             broker.run_until_idle()
     finally:
         task_finished.disconnect(on_finished)
@@ -198,12 +198,12 @@ def test_results_off_writes_no_row_and_get_result_says_so():
     tasks_setting = {
         "default": {
             "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
-            "QUEUES": ["default", "urgent"],
+            "QUEUES": ["default"],
             "OPTIONS": options,
         }
     }
     with override_settings(TASKS=tasks_setting), InMemoryBroker() as broker:
-        result = t.flaky.enqueue(succeed_on=2)
+        result = t.flaky_task.enqueue(succeed_on=2)
         broker.run_until_idle()
         assert [a for _n, a, _x in t.RUNS] == [1, 2]  # attempt right without a row
         assert not TaskResultRecord.objects.exists()
@@ -219,7 +219,7 @@ def test_outbox_sends_a_task_only_if_the_transaction_commits():
     tasks_setting = {
         "default": {
             "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
-            "QUEUES": ["default", "urgent"],
+            "QUEUES": ["default"],
             "OPTIONS": {"outbox": True},
         }
     }
@@ -271,16 +271,28 @@ def consume(*names: str, count: int, idle: float = 5) -> None:
 
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
-def test_real_broker_runs_retries_parks_and_requeues_a_task(rmq):
+def test_real_broker_runs_retries_parks_and_requeues_a_task(rmq, registry_snapshot):
+    two_queues = {
+        "default": {
+            "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",
+            "QUEUES": ["default", "urgent"],
+        }
+    }
+    with override_settings(TASKS=two_queues):
+        _real_broker_round()
+
+
+def _real_broker_round():
+    urgent = t.flaky_task.using(queue_name="urgent")  # declares the urgent queues
     call_command("rmq_consume", setup_only=True, verbosity=0)
     ok = t.add.enqueue(40, 2)
-    flaky = t.flaky.using(queue_name="urgent").enqueue(succeed_on=2)
+    flaky = urgent.enqueue(succeed_on=2)
     doomed = t.always_fails.enqueue("transient")
     later = t.add.using(run_after=timezone.now() + timedelta(seconds=1.5)).enqueue(1, 2)
     # ok, flaky x2, doomed x2, later
     consume(
         "tasks.default.tests.tasksproject.tasks.add",
-        "tasks.urgent.tests.tasksproject.tasks.flaky",
+        "tasks.urgent.tests.tasksproject.tasks.flaky_task",
         "tasks.default.tests.tasksproject.tasks.always_fails",
         count=6,
         idle=10,

@@ -113,14 +113,14 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
         if kind == 0:
             want[t.add.enqueue(i, i).id] = "SUCCESSFUL"
         elif kind == 1:
-            want[t.flaky.enqueue(succeed_on=2).id] = "SUCCESSFUL"
+            want[t.flaky_task.enqueue(succeed_on=2).id] = "SUCCESSFUL"
         elif kind == 2:
             want[t.async_add.enqueue(i, 1).id] = "SUCCESSFUL"
         else:
             want[t.always_fails.enqueue("transient").id] = "parked"
     names = [
         f"tasks.default.tests.tasksproject.tasks.{f}"
-        for f in ("add", "flaky", "async_add", "always_fails")
+        for f in ("add", "flaky_task", "async_add", "always_fails")
     ]
     rmq.log.touch()
 

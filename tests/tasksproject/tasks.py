@@ -23,7 +23,7 @@ def add(a: int, b: int) -> int:
 
 
 @task(takes_context=True, priority=10)
-def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
+def flaky_task(context: TaskContext, succeed_on: int) -> dict[str, Any]:
     """Fails until attempt ``succeed_on`` (``TaskContext.attempt`` counts from 1)."""
     RUNS.append(("flaky", context.attempt, [succeed_on]))
     if context.attempt < succeed_on:
