@@ -211,7 +211,9 @@ def test_a_foreign_table_survives_retry_park_and_requeue_bit_for_bit(bench, head
         raw.close()
 
     delivered = bench.receive(first)
-    assert delivered["headers"].raw == sent  # the broker passes the table through
+    # The broker passes every entry through byte for byte; RabbitMQ 4 may reorder them (it
+    # keeps a table as a map), so entries are compared by key, here and below.
+    assert amqptable.entries(delivered["headers"].raw) == amqptable.entries(sent)
     wanted = foreign(delivered["headers"])
     values = dict(delivered["headers"])
 
