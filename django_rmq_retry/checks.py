@@ -88,11 +88,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
     ]
 
 
-@checks.register(TAG, checks.Tags.database)
+@checks.register(checks.Tags.database)
 def check_migrated(app_configs: Any = None, **kwargs: Any) -> Messages:
     """Migrations of this app not applied: the consumer could not park, the commands would
     fail. A database check, run the way Django runs its own: only when asked for a database
-    (``manage.py check --database default``), never at import or on a plain ``check``."""
+    (``manage.py check --database default``), never at import or on a plain ``check``. It
+    carries Django's ``database`` tag only, not ours: Django 6 runs every check of a tag it
+    is asked for against every database, so ``check --tag django_rmq_retry`` would query
+    them too."""
     databases = kwargs.get("databases")
     if not databases or _migrating():
         return []
