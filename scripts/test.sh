@@ -121,15 +121,23 @@ leg_newest() {
 # at-most-once inside RabbitMQ, and on 4.0 a retry copy the broker had confirmed vanished in
 # the delay-level hop that was due as the broker shut down (1 of 750 pairs, in one of our
 # few 4.0 runs; README "What is not promised"). With quorum queues the hop is at-least-once.
+# Also here, on both queue types where queues are involved: how the broker refuses one
+# message (channel and connection close codes, frame and message size limits), the window it
+# keeps per consumer, the heartbeat it negotiates and the permissions it checks, and the order
+# and header bytes it delivers.
 R4_CLASSIC=(tests/test_retries.py tests/test_landing.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
   tests/test_frame_writes.py tests/test_outbox.py tests/test_publish_batches.py
+  tests/test_publish_refusals.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
+  tests/test_outbox_order.py tests/test_headers_bit_for_bit.py tests/test_prefetch_bound.py
+  tests/test_broker_url.py tests/test_permissions.py
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
   --ignore=tests/faults/test_exactly_once.py --ignore=tests/faults/test_database_down.py
   --ignore=tests/faults/test_quorum_limits.py
   --deselect tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
+  tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
   tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py
   tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
 adversarial() {
