@@ -14,6 +14,7 @@
 # Warning for SQLite: a later migration that rebuilds the parked table drops its triggers
 # (it must put them back, or `manage.py rmq_recount_parked` does).
 
+import django.db.models.deletion
 from django.db import migrations, models
 
 PARKED = "django_rmq_retry_parkedmessage"
@@ -467,4 +468,303 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunPython(install, uninstall, elidable=False),
+        # The models this release added beside the parked table (task results, requeue
+        # operations, declared queues, alerts, snapshots) and the parked table's new options.
+        migrations.CreateModel(
+            name="DeclaredQueue",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255, unique=True, verbose_name="queue")),
+                ("prefix", models.CharField(db_index=True, max_length=255, verbose_name="prefix")),
+                ("receiver", models.CharField(max_length=255, verbose_name="receiver")),
+                ("declared_at", models.DateTimeField(verbose_name="last declared")),
+            ],
+            options={
+                "verbose_name": "declared queue",
+                "verbose_name_plural": "declared queues",
+            },
+        ),
+        migrations.CreateModel(
+            name="FailureGroupAlert",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("receiver", models.CharField(max_length=255, verbose_name="receiver")),
+                (
+                    "fingerprint",
+                    models.CharField(blank=True, max_length=255, verbose_name="failure group"),
+                ),
+                (
+                    "error_type",
+                    models.CharField(blank=True, max_length=255, verbose_name="error type"),
+                ),
+                ("alerted_at", models.DateTimeField(verbose_name="alerted at")),
+                ("count", models.BigIntegerField(default=0, verbose_name="rows then")),
+            ],
+            options={
+                "verbose_name": "failure group alert",
+                "verbose_name_plural": "failure group alerts",
+            },
+        ),
+        migrations.CreateModel(
+            name="ParkedGroupSnapshot",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hour", models.DateTimeField(verbose_name="hour")),
+                ("receiver", models.CharField(max_length=255, verbose_name="receiver")),
+                (
+                    "fingerprint",
+                    models.CharField(blank=True, max_length=255, verbose_name="failure group"),
+                ),
+                (
+                    "error_type",
+                    models.CharField(blank=True, max_length=255, verbose_name="error type"),
+                ),
+                ("parked", models.BigIntegerField(default=0, verbose_name="parked")),
+                ("requeued", models.BigIntegerField(default=0, verbose_name="requeued")),
+            ],
+            options={
+                "verbose_name": "failure group snapshot",
+                "verbose_name_plural": "failure group snapshots",
+            },
+        ),
+        migrations.CreateModel(
+            name="RequeueItem",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("parked_id", models.BigIntegerField(verbose_name="parked message")),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("sent", "Sent"),
+                            ("handled", "Handled"),
+                            ("failed", "Failed again"),
+                            ("refused", "Refused by the broker"),
+                            ("skipped", "Skipped (no longer parked)"),
+                        ],
+                        default="pending",
+                        max_length=8,
+                        verbose_name="state",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "requeue operation item",
+                "verbose_name_plural": "requeue operation items",
+            },
+        ),
+        migrations.CreateModel(
+            name="RequeueOperation",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_by", models.CharField(max_length=150, verbose_name="created by")),
+                ("created_at", models.DateTimeField(verbose_name="created at")),
+                ("description", models.TextField(blank=True, verbose_name="selection")),
+                ("mode", models.CharField(default="receiver", max_length=12, verbose_name="mode")),
+                (
+                    "canary",
+                    models.PositiveIntegerField(
+                        default=0,
+                        help_text="Send this many first, wait for their outcome.",
+                        verbose_name="canary",
+                    ),
+                ),
+                ("ramp", models.BooleanField(default=False, verbose_name="ramp")),
+                ("rate", models.FloatField(blank=True, null=True, verbose_name="rate (msg/s)")),
+                (
+                    "stop_on_failure",
+                    models.BooleanField(default=True, verbose_name="stop at the first new failure"),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("running", "Running"),
+                            ("paused", "Paused"),
+                            ("cancelled", "Cancelled"),
+                            ("stopped", "Stopped at a new failure"),
+                            ("done", "Done"),
+                        ],
+                        default="running",
+                        max_length=12,
+                        verbose_name="state",
+                    ),
+                ),
+                ("state_reason", models.TextField(blank=True, verbose_name="state reason")),
+                (
+                    "state_changed_by",
+                    models.CharField(blank=True, max_length=150, verbose_name="state changed by"),
+                ),
+                ("updated_at", models.DateTimeField(verbose_name="updated at")),
+                ("step", models.PositiveIntegerField(default=0, verbose_name="step")),
+                ("next_at", models.DateTimeField(verbose_name="next step at")),
+                (
+                    "lease_owner",
+                    models.CharField(blank=True, max_length=64, verbose_name="lease owner"),
+                ),
+                (
+                    "lease_until",
+                    models.DateTimeField(blank=True, null=True, verbose_name="lease until"),
+                ),
+                (
+                    "started_sending_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="first sent at"),
+                ),
+                (
+                    "last_sent_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="last sent at"),
+                ),
+                ("total", models.PositiveIntegerField(default=0, verbose_name="total")),
+                ("sent", models.PositiveIntegerField(default=0, verbose_name="sent")),
+                ("handled", models.PositiveIntegerField(default=0, verbose_name="handled")),
+                (
+                    "failed_again",
+                    models.PositiveIntegerField(default=0, verbose_name="failed again"),
+                ),
+                (
+                    "refused",
+                    models.PositiveIntegerField(default=0, verbose_name="refused by the broker"),
+                ),
+                ("skipped", models.PositiveIntegerField(default=0, verbose_name="skipped")),
+            ],
+            options={
+                "verbose_name": "requeue operation",
+                "verbose_name_plural": "requeue operations",
+                "ordering": ("-created_at", "-id"),
+            },
+        ),
+        migrations.CreateModel(
+            name="TaskResultRecord",
+            fields=[
+                (
+                    "id",
+                    models.CharField(
+                        max_length=64, primary_key=True, serialize=False, verbose_name="result id"
+                    ),
+                ),
+                ("backend", models.CharField(max_length=100, verbose_name="backend alias")),
+                ("task_path", models.CharField(max_length=255, verbose_name="task")),
+                ("queue_name", models.CharField(max_length=100, verbose_name="queue name")),
+                ("priority", models.SmallIntegerField(default=0, verbose_name="priority")),
+                ("status", models.CharField(db_index=True, max_length=20, verbose_name="status")),
+                ("args", models.JSONField(default=list, verbose_name="arguments")),
+                ("kwargs", models.JSONField(default=dict, verbose_name="keyword arguments")),
+                (
+                    "run_after",
+                    models.DateTimeField(blank=True, null=True, verbose_name="run after"),
+                ),
+                (
+                    "enqueued_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="enqueued"),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True, verbose_name="started")),
+                (
+                    "last_attempted_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="last attempted"),
+                ),
+                (
+                    "finished_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="finished"),
+                ),
+                (
+                    "return_value",
+                    models.JSONField(blank=True, null=True, verbose_name="return value"),
+                ),
+                ("errors", models.JSONField(default=list, verbose_name="errors")),
+                ("worker_ids", models.JSONField(default=list, verbose_name="worker ids")),
+                ("updated_at", models.DateTimeField(verbose_name="updated")),
+            ],
+            options={
+                "verbose_name": "task result",
+                "verbose_name_plural": "task results",
+            },
+        ),
+        migrations.AlterModelOptions(
+            name="parkedmessage",
+            options={
+                "ordering": ("-parked_at", "-id"),
+                "permissions": [
+                    ("requeue_parkedmessage", "Can requeue parked messages"),
+                    ("discard_parkedmessage", "Can discard parked messages"),
+                    ("edit_parkedmessage", "Can edit a parked message and requeue the edited copy"),
+                ],
+                "verbose_name": "parked message",
+                "verbose_name_plural": "parked messages",
+            },
+        ),
+        migrations.AddIndex(
+            model_name="parkedmessage",
+            index=models.Index(fields=["last_failure_at"], name="rmqr_parked_last_failure"),
+        ),
+        migrations.AddIndex(
+            model_name="parkedmessage",
+            index=models.Index(fields=["attempts"], name="rmqr_parked_attempts"),
+        ),
+        migrations.AddConstraint(
+            model_name="failuregroupalert",
+            constraint=models.UniqueConstraint(
+                fields=("receiver", "fingerprint", "error_type"), name="rmqr_alert_group"
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="parkedgroupsnapshot",
+            constraint=models.UniqueConstraint(
+                fields=("hour", "receiver", "fingerprint", "error_type"), name="rmqr_snapshot_key"
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="requeueoperation",
+            index=models.Index(fields=["state", "next_at"], name="rmqr_op_state_next"),
+        ),
+        migrations.AddField(
+            model_name="requeueitem",
+            name="operation",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="items",
+                to="django_rmq_retry.requeueoperation",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="taskresultrecord",
+            index=models.Index(fields=["updated_at"], name="rmqr_taskresult_updated"),
+        ),
+        migrations.AddIndex(
+            model_name="requeueitem",
+            index=models.Index(
+                fields=["operation", "state", "parked_id"], name="rmqr_op_item_state"
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="requeueitem",
+            constraint=models.UniqueConstraint(
+                fields=("operation", "parked_id"), name="rmqr_op_item"
+            ),
+        ),
     ]
