@@ -142,6 +142,9 @@ def _make_ca(d: Path, name: str) -> None:
         "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
         "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.pem"),
         "-subj", f"/CN={name}",
+        # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA needs these extensions
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
     )  # fmt: skip
 
 
@@ -167,7 +170,14 @@ def tls_broker() -> Iterator[tuple[int, Path]]:
         "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
         "-keyout", str(d / "server.key"), "-out", str(d / "server.csr"),
     )  # fmt: skip
-    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    (d / "ext.cnf").write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+        "basicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+    )
     _openssl(
         "x509", "-req", "-days", "2", "-in", str(d / "server.csr"),
         "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"), "-CAcreateserial",
