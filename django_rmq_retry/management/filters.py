@@ -7,12 +7,15 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.management.base import CommandError
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from ..conf import app_settings
 from ..core.outcome import ParkReason
 from ..models import ParkedMessage
+from ..registry import Receiver, default_registry
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -100,3 +103,20 @@ def filtered_queryset(options: dict[str, Any]) -> QuerySet[ParkedMessage]:
     if options.get("message_id"):
         qs = qs.filter(message_id__in=options["message_id"])
     return qs
+
+
+def select_receivers(wanted: list[str]) -> list[Receiver]:
+    """The receivers a command was asked for by dotted path or queue name (all when none).
+
+    One reading for ``rmq_consume`` and ``rmq_setup``, so both name an unknown receiver
+    the same way, with the receivers this process knows."""
+    if not wanted:
+        return default_registry.all()
+    chosen = []
+    for name in wanted:
+        rec = default_registry.find(name, app_settings.PREFIX)
+        if rec is None:
+            known = ", ".join(r.name for r in default_registry.all()) or "none"
+            raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
+        chosen.append(rec)
+    return chosen

@@ -23,9 +23,10 @@ from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.hooks import CHILD_DIR_ENV
+from django_rmq_retry.management.filters import select_receivers
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.policies import policy_cache
-from django_rmq_retry.registry import Receiver, default_registry
+from django_rmq_retry.registry import Receiver
 from django_rmq_retry.stop_signals import on_stop_signals
 from django_rmq_retry.tables import missing_tables_message, never_migrated
 
@@ -107,7 +108,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        receivers = self._select(options["receivers"])
+        receivers = select_receivers(options["receivers"])
         if options["list"]:
             self._list(receivers)
             return
@@ -330,17 +331,6 @@ class Command(BaseCommand):
             raise CommandError(f"cannot serve metrics on port {port}: {exc}") from None
 
     # Helpers -----------------------------------------------------------------------------------
-    def _select(self, wanted: list[str]) -> list[Receiver]:
-        if not wanted:
-            return default_registry.all()
-        chosen = []
-        for name in wanted:
-            rec = default_registry.find(name, app_settings.PREFIX)
-            if rec is None:
-                known = ", ".join(r.name for r in default_registry.all()) or "none"
-                raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
-            chosen.append(rec)
-        return chosen
 
     def _setup(self, receivers: list[Receiver]) -> None:
         try:

@@ -13,11 +13,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import broker, orphans
-from django_rmq_retry.conf import app_settings, broker_urls, current_plan
+from django_rmq_retry.conf import broker_urls, current_plan
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.topology import Plan
+from django_rmq_retry.management.filters import select_receivers
 from django_rmq_retry.management.preflight import require_tables
-from django_rmq_retry.registry import Receiver, default_registry
+from django_rmq_retry.registry import Receiver
 
 
 class Command(BaseCommand):
@@ -36,7 +37,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         require_tables()  # it records what it declared (orphan queues are told from that)
-        receivers = self._select(options["receivers"])
+        receivers = select_receivers(options["receivers"])
         plan = current_plan(receivers)
         try:
             conn = broker.connect()
@@ -52,18 +53,6 @@ class Command(BaseCommand):
         self._report(plan, receivers, options["verbosity"])
         for orphan in orphans.find():
             self.stdout.write(self.style.WARNING(f"orphan queue {orphans.describe(orphan)}"))
-
-    def _select(self, wanted: list[str]) -> list[Receiver]:
-        if not wanted:
-            return default_registry.all()
-        chosen = []
-        for name in wanted:
-            rec = default_registry.find(name, app_settings.PREFIX)
-            if rec is None:
-                known = ", ".join(r.name for r in default_registry.all()) or "none"
-                raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
-            chosen.append(rec)
-        return chosen
 
     def _report(self, plan: Plan, receivers: list[Receiver], verbosity: int) -> None:
         """What was declared: every receiver queue always, the rest with -v 2."""
