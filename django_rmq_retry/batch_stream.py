@@ -3,7 +3,7 @@
 A requeue publishes its rows chunk by chunk and marks each chunk in the database once the
 broker confirmed it. Published as one batch each, a chunk waited for its last confirm
 before the next was written: the broker idled while we built the next chunk, and we idled
-while it stored the last (``bench/run.py requeue``, 2026-11-25: 0.53× ``send_many``). Here
+while it stored the last (about half the pace of ``send_many`` in ``bench/run.py requeue``). Here
 the chunks flow into one pipeline, and a chunk is handed back as soon as each of its items
 has its answer, while the chunks after it are already on the wire.
 

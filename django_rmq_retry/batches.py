@@ -144,7 +144,7 @@ def delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
     while True:
         # Keyset: each batch starts after the previous one's last key, so it never walks
         # again over the index entries of rows already deleted (dead until vacuum): at
-        # 200,000 rows the first-rows-again query made a purge 3x slower (#16).
+        # 200,000 rows the first-rows-again query made a purge several times slower.
         batch = rows if last_pk is None else rows.filter(pk__gt=last_pk)
         ids = list(batch.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:

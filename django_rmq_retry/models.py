@@ -92,7 +92,7 @@ class ParkedMessage(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "parked_at"], name="rmqr_parked_status_at"),
-            # Each filter column with the list's order (#16): "newest 50 rows of this receiver"
+            # Each filter column with the list's order: "newest 50 rows of this receiver"
             # is an index range read backwards, however many rows the table holds, and the
             # sidebar reads the column's values from the same index.
             models.Index(fields=["receiver", "parked_at"], name="rmqr_parked_receiver_at"),

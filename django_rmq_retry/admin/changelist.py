@@ -21,7 +21,7 @@ from ..parking.newest import newest_first_ids
 from .common import _breakable, _error_type_label, _outside_request_transactions, _when
 
 # --------------------------------------------------------------------------------------------
-# Parked messages: pages that do not grow with the table (#16)
+# Parked messages: pages that do not grow with the table
 
 #: Counts stop here: the list says "10,000+" rather than count millions of rows per page.
 COUNT_CAP = 10_000

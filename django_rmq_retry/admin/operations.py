@@ -40,9 +40,9 @@ class OperationsMixin(admin.ModelAdmin):
     #: (gunicorn's default is 30 s).
     requeue_time_budget: float | None = 20.0
     #: Seconds of that budget kept for what follows the run's deadline: the batches in
-    #: flight confirmed and marked, the claims released, the capped count of what is left.
-    #: At 1,000,000 rows (``bench/scale.py --bulk``, 2026-11-25) the run ended 2.3 s past its
-    #: deadline and an uncapped count took 2.8 s: a 20-second budget made a 25-second click.
+    #: flight confirmed and marked, the claims released, the capped count of what is left
+    #: (at a million rows, ``bench/scale.py --bulk``, these took seconds: without the reserve
+    #: a 20-second budget made a click of about 25).
     requeue_end_reserve: float = 5.0
 
     # Actions --------------------------------------------------------------------------------

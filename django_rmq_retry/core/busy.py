@@ -6,7 +6,7 @@ disk, a server shutting down) must get the same batch again later: the parking t
 it unacked and retries with backoff. A database that refuses *this row* (a value a column or
 a trigger will not take) gets it row by row and, if still refused, stripped of its headers
 and properties. A lock once looked like a refusal (a plain ``SELECT 1`` still answers under
-SQLite's write lock), and rows were stripped for it (CI, 2026-11-26).
+SQLite's write lock), and rows were stripped for it.
 
 Django wraps the driver's exception (``__cause__``): psycopg's carries the SQLSTATE
 (``sqlstate``, ``pgcode`` in psycopg2), Python 3.11's sqlite3 its result code's name.

@@ -1,4 +1,4 @@
-"""Kept per-group counts of the parked-message table (#16): the database keeps them.
+"""Kept per-group counts of the parked-message table: the database keeps them.
 
 Triggers on the parked-message table add and subtract in :class:`~..models.ParkedGroupCount`
 as rows are inserted, change status (or group) and are deleted, inside the transaction

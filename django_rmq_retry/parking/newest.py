@@ -1,4 +1,4 @@
-"""The first rows of a newest-first list whose filter the newest rows fail (#16).
+"""The first rows of a newest-first list whose filter the newest rows fail.
 
 For ``WHERE <words> ORDER BY parked_at DESC LIMIT 50`` PostgreSQL walks the ``parked_at``
 index from the newest row and reads each row until 50 match; when the newest rows are an

@@ -1,4 +1,4 @@
-"""Queries over the parked-message table that stay cheap at millions of rows (#16).
+"""Queries over the parked-message table that stay cheap at millions of rows.
 
 * :func:`distinct_values`: a column's values read from its index, one probe per value (a
   "loose index scan" as one recursive query), instead of ``SELECT DISTINCT`` over the table.

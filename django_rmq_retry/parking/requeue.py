@@ -125,8 +125,7 @@ def _held_by(token: str, using: str) -> Exact:
     The claim's token compared per row, not ``EXISTS``: PostgreSQL turns an ``EXISTS`` into
     a join planned from the claims table's statistics, and without them (autovacuum off, or
     claims inserted a moment ago) it chose a nested loop over every claim of the run for
-    each row: 28 ms instead of 18 ms for a mark of 500 rows (100,000 parked, 2026-11-25).
-    A scalar subquery stays one primary-key probe per row, whatever the statistics say.
+    each row, and a mark of 500 rows grew with the number of claims. A scalar subquery stays one primary-key probe per row, whatever the statistics say.
     """
     claim = ParkedClaim.objects.using(using).filter(parked_id=OuterRef("pk"))
     return Exact(Subquery(claim.values("token")[:1]), token)
@@ -259,14 +258,13 @@ def requeue(
 
 #: A requeue batch is loaded and published in chunks of at most this many body bytes (or
 #: ``CHUNK_ROWS`` rows): with one chunk loading ahead and two in flight, memory is a few
-#: chunks for any body size (2 MiB: peak RSS 77 MB for 64 KiB bodies; 4 MiB was 95-97 MB once
-#: chunks were streamed, with no faster requeue: ``bench/run.py requeue``, 2026-11-25).
+#: chunks for any body size (a larger chunk raised the peak memory of ``bench/run.py requeue``
+#: without making the requeue faster).
 CHUNK_BYTES = 2 * 1024 * 1024
 CHUNK_ROWS = 1000
 #: Requeued messages unconfirmed at once: throughput without a confirm per round trip, and
 #: at most this many sent twice when the connection drops mid-requeue. 1,000, as
-#: ``send_many``: 200 kept the broker waiting for us (``bench/run.py --quick requeue``,
-#: alternating: 7,057 / 5,978 rows/s with 200, 7,807 / 6,867 with 1,000).
+#: ``send_many``: a window of 200 kept the broker waiting for us (``bench/run.py requeue``).
 REQUEUE_WINDOW = 1000
 #: Chunks published and not yet answered at once: the broker always has the next chunk while
 #: the last is confirmed, and memory holds a few chunks of ``CHUNK_BYTES`` for any body size.
