@@ -16,13 +16,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from .core.message import Message
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """One ``send`` (or ``send_many`` of ``count`` bodies) as the hooks see it."""
+
+    routing_key: str
+    #: The message's headers: a hook may add to them (a trace context) before it publishes.
+    headers: MutableMapping[str, Any]
+    #: Written to the outbox (in the caller's transaction) rather than published now.
+    outbox: bool
+    count: int = 1
+    #: One ``send``'s message properties: a hook may set ``message_id`` there (as the
+    #: publisher would) to name it. ``None`` for ``send_many``.
+    properties: MutableMapping[str, Any] | None = None
+
+
 class Hooks:
-    """The interface, each method doing nothing (subclass and override what you need)."""
+    """The interface, each method doing nothing (subclass and override what you need).
+
+    Whatever wraps something has one shape: a ``*_started`` call returns a token that its
+    ``*_ended`` call is handed back with what was raised (``None``: nothing).
+    """
 
     def attempt_started(self, message: Message) -> Any:
         """A receiver is about to run ``message`` (on the thread that runs it). What it
@@ -31,8 +51,7 @@ class Hooks:
 
     def attempt_ended(self, token: Any, error: BaseException | None, action: Any) -> None:
         """The attempt is over and decided: ``action`` is what the consumer does next
-        (``consumer.actions``: an ack, a retry copy to publish, a row to park). A retry
-        copy's headers (``action.properties["headers"]``) may still be added to here."""
+        (``consumer.actions``: an ack, a retry copy to publish, a row to park)."""
 
     def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
         """A retry copy's headers, on the receiver's thread while its attempt is current
@@ -54,20 +73,24 @@ class Hooks:
         """The parking thread committed ``size`` rows; the oldest waited ``lag_seconds``
         between its receiver's decision and the commit."""
 
+    def send_started(self, out: Outgoing) -> Any:
+        """A ``send`` is about to publish (or write its outbox row(s)): may add headers.
+        What it returns is handed back to :meth:`send_ended`."""
+        return None
+
+    def send_ended(self, token: Any, error: BaseException | None) -> None:
+        """The ``send`` returned (``error``: what it raised)."""
+
     @contextlib.contextmanager
-    def sending(
-        self,
-        routing_key: str,
-        headers: MutableMapping[str, Any],
-        outbox: bool,
-        count: int = 1,
-        properties: MutableMapping[str, Any] | None = None,
-    ) -> Iterator[None]:
-        """Around one ``send`` (or ``send_many`` of ``count`` bodies): may add headers (a
-        trace context) before it publishes, or (``outbox``) writes its outbox row(s).
-        ``properties`` (one ``send``): the caller's message properties, ``message_id``
-        may be set there (as the publisher would)."""
-        yield
+    def sending(self, out: Outgoing) -> Iterator[None]:
+        """:meth:`send_started` and :meth:`send_ended` around the ``with`` block."""
+        token = self.send_started(out)
+        try:
+            yield
+        except BaseException as exc:
+            self.send_ended(token, exc)
+            raise
+        self.send_ended(token, None)
 
 
 #: Set by the supervisor of ``rmq_consume --processes N`` in its children's environment:

@@ -56,9 +56,10 @@ class Topic(TopicKey):
         hooks = _hooks.current
         if hooks is not None:  # observability: a trace context into the headers, counts
             headers = dict(headers or {})
-            with hooks.sending(
+            out = _hooks.Outgoing(
                 self.routing_key, headers, self.uses_outbox(outbox), properties=properties
-            ):
+            )
+            with hooks.sending(out):
                 return self._send(body, headers, content_type, outbox, using, properties)
         return self._send(body, headers, content_type, outbox, using, properties)
 
@@ -98,9 +99,10 @@ class Topic(TopicKey):
         if hooks is not None:  # observability: one trace context for the batch, counts
             bodies = list(bodies)
             headers = kwargs["headers"] = dict(kwargs.get("headers") or {})
-            with hooks.sending(
+            out = _hooks.Outgoing(
                 self.routing_key, headers, self.uses_outbox(outbox), count=len(bodies)
-            ):
+            )
+            with hooks.sending(out):
                 return self._send_many(bodies, outbox, using, kwargs)
         return self._send_many(bodies, outbox, using, kwargs)
 

@@ -115,6 +115,11 @@ def test_a_message_that_failed_twice_then_succeeded_is_one_trace_of_linked_attem
         assert span.status.status_code is not StatusCode.ERROR
         previous = span
     assert [e.name for e in process[0].events] == ["exception", "retry"]
+    raised = process[0].events[0].attributes
+    assert raised["exception.type"] == "tests.testapp.consumers.Boom"
+    assert raised["exception.message"] == "boom 1 attempt 1"
+    assert raised["exception.stacktrace"].startswith("Traceback (most recent call last):")
+    assert raised["exception.stacktrace"].endswith("Boom: boom 1 attempt 1\n")
     assert process[0].events[1].attributes["django_rmq_retry.retry.delay_seconds"] > 0
     assert [e.name for e in process[2].events] == []
     assert process[2].attributes["django_rmq_retry.outcome"] == "ack"
@@ -150,3 +155,42 @@ def test_a_parked_message_is_the_one_error(rmq, spans):
     (again,) = [s for s in found if s.kind is SpanKind.CONSUMER]
     assert again.context.trace_id == process.context.trace_id
     assert again.attributes["django_rmq_retry.requeued"] == 1
+
+
+def test_a_trace_not_sampled_is_followed_but_records_nothing(spans):
+    """A message whose producer's span was not sampled (flags 00): the default sampler of
+    the SDK (``ParentBased``) follows that decision, so nothing is recorded, yet the
+    receiver runs inside that trace and the retry copy carries it on, still unsampled."""
+    from django_rmq_retry.conf import current_names
+    from django_rmq_retry.consumer.actions import HANDLED
+    from django_rmq_retry.core.message import Message
+    from django_rmq_retry.hooks import current
+
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    message = Message(
+        body={},
+        raw=b"{}",
+        headers={"traceparent": f"00-{trace_id}-{span_id}-00", "other": 1},
+        routing_key="k",
+        exchange="x",
+        queue="q",
+        receiver="app.r",
+        message_id="m",
+        correlation_id=None,
+        content_type=None,
+        timestamp=None,
+        attempt=1,
+        redelivered=False,
+    )
+    token = current.attempt_started(message)
+    inside = trace.get_current_span()
+    assert not inside.is_recording()
+    assert format(inside.get_span_context().trace_id, "032x") == trace_id
+    copy: dict = {}
+    current.retry_copy(copy)
+    (value,) = copy.values()
+    assert value.startswith(f"00-{trace_id}-") and value.endswith("-00")
+    assert list(copy) == [current_names().header("prev-span")]
+    current.attempt_ended(token, RuntimeError("boom"), HANDLED)
+    assert not trace.get_current_span().get_span_context().is_valid  # detached
+    assert spans.get_finished_spans() == ()

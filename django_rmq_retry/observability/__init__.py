@@ -56,7 +56,7 @@ def enable(
         from .metrics import ConsumerMetrics
 
         registry = CollectorRegistry()
-        consumer_metrics = ConsumerMetrics(registry)
+        consumer_metrics = ConsumerMetrics(registry, current_names())
     tracer = None
     if tracing:
         from .tracing import Tracing

@@ -50,7 +50,8 @@ class Health:
             _remove(self._ready_file)
             _touch(self._live_file)
 
-    def tick(self, ready: bool) -> None:
+    def loop_tick(self, ready: bool) -> None:
+        """The I/O loop turned (the consumer's hook, through the observer)."""
         now = time.monotonic()
         self._beat = now
         if ready != self._ready:
@@ -122,7 +123,7 @@ class FileReporter:
     def _run(self) -> None:
         while True:
             if self._source.live():
-                self._parent.tick(self._source.ready())
+                self._parent.loop_tick(self._source.ready())
             else:
                 self._parent.stopped()
             time.sleep(1.0)

@@ -1,46 +1,63 @@
-"""The hooks (``django_rmq_retry.hooks``) that feed metrics, traces and health probes."""
+"""The hooks (``django_rmq_retry.hooks``) that feed metrics, traces and health probes.
+
+Each part (``metrics.ConsumerMetrics``, ``tracing.Tracing``, ``health.Health``) implements
+the hooks it needs, in the shape of :class:`Part`. The :class:`Observer` is what the
+consumer calls: at start-up it lists, per hook, the parts that implement it, so a call
+reaches only those (a hook no part implements is the no-op of ``Hooks``), and it reads the
+clock once per attempt for every part (a span's start and end, the duration histogram).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..core.message import Message
 from ..core.names import Names
-from ..hooks import Hooks
-from .health import Health
+from ..hooks import Hooks, Outgoing
 
 logger = logging.getLogger("django_rmq_retry.observability")
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: The hooks that wrap nothing (each call fans out to the parts that implement it).
+PLAIN = ("retry_copy", "settled", "loop_tick", "reconnecting", "parked_batch", "stopped")
+#: A part's token when its ``*_started`` failed: its ``*_ended`` is not called.
+FAILED = object()
 
 
-def never_raises(method: F) -> F:
-    """A hook that fails (a broken exporter, a bug of ours) is logged, once per hook, and
-    otherwise ignored: observability never stops a consumer (nor settles a message)."""
-    failed = False
+class Part(Hooks):
+    """One part of observability. The timed hooks get the time the observer read for all
+    its parts (``now``: ``time.time_ns()``, what OpenTelemetry's SDK reads)."""
 
-    @functools.wraps(method)
-    def safe(*args: Any, **kwargs: Any) -> Any:
-        nonlocal failed
-        try:
-            return method(*args, **kwargs)
-        except Exception:
-            if not failed:
-                failed = True
-                logger.exception("observability hook %s failed (said once)", method.__name__)
-            return None
+    def attempt_started(self, message: Message, now: int = 0) -> Any:
+        return None
 
-    return safe  # type: ignore[return-value]
+    def attempt_ended(
+        self, token: Any, error: BaseException | None, action: Any, now: int = 0, took: int = 0
+    ) -> None:
+        """``took``: nanoseconds since :meth:`attempt_started`'s ``now``."""
+
+    def stopped(self) -> None:
+        """The consumer returned: not ready any more."""
+
+    def requeued(self, parked_ids: list[int], user: str, mode: str) -> None:
+        """An operator requeued parked rows (``message_requeued``)."""
+
+
+def implements(part: object, name: str) -> bool:
+    """``part`` has a hook ``name`` of its own (not the no-op it inherits)."""
+    own = getattr(type(part), name, None)
+    return own is not None and own is not getattr(Part, name, None)
 
 
 class Observer(Hooks):
     """Calls each enabled part: ``metrics`` (``metrics.ConsumerMetrics``), ``tracing``
-    (``tracing.Tracing``), ``health`` (``health.Health``); ``None`` parts cost nothing."""
+    (``tracing.Tracing``), ``health`` (``health.Health``); ``None`` parts cost nothing.
+
+    A part that fails (a broken exporter, a bug of ours) is logged, once per hook, and
+    otherwise ignored: observability never stops a consumer (nor settles a message).
+    """
 
     def __init__(
         self,
@@ -48,91 +65,102 @@ class Observer(Hooks):
         *,
         metrics: Any = None,
         tracing: Any = None,
-        health: Health | None = None,
+        health: Any = None,
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing
         self.health = health
-        self._due = names.header("due")
-        self._due_us = names.header("due-us")
-        self._beat_set = 0.0
-        self._ready: bool | None = None
-        # Per-receiver metric children, looked up once (labels() costs ~1 µs a call).
-        self._per_receiver: dict[str, tuple[Any, Any, Any]] = {}
-        self._per_outcome: dict[tuple[str, str], Any] = {}
+        # Tracing first: its span is current while the other parts run.
+        self.parts = [p for p in (tracing, metrics, health) if p is not None]
+        self._said: set[str] = set()
+        self._attempts = [
+            (p.attempt_started, p.attempt_ended)
+            for p in self.parts
+            if implements(p, "attempt_started")
+        ]
+        self._sends = [
+            (p.send_started, p.send_ended) for p in self.parts if implements(p, "send_started")
+        ]
+        for name in PLAIN:
+            calls = [getattr(p, name) for p in self.parts if implements(p, name)]
+            if calls:
+                setattr(self, name, self._fan_out(name, calls))
 
-    def _children(self, receiver: str) -> tuple[Any, Any, Any]:
-        """(in_flight, duration, lateness) of ``receiver``."""
-        found = self._per_receiver.get(receiver)
-        if found is None:
-            m = self.metrics
-            found = (
-                m.in_flight.labels(receiver),
-                m.duration.labels(receiver),
-                m.lateness.labels(receiver),
-            )
-            self._per_receiver[receiver] = found
-        return found
+    def _failed(self, hook: str) -> None:
+        if hook not in self._said:
+            self._said.add(hook)
+            logger.exception("observability hook %s failed (said once)", hook)
+
+    def _fan_out(self, name: str, calls: list[Callable[..., None]]) -> Callable[..., None]:
+        """One hook's dispatch, built once: each call in turn, none raising."""
+        if len(calls) == 1:
+            (call,) = calls
+
+            def one(*args: Any) -> None:
+                try:
+                    call(*args)
+                except Exception:
+                    self._failed(name)
+
+            return one
+
+        def each(*args: Any) -> None:
+            for call in calls:
+                try:
+                    call(*args)
+                except Exception:
+                    self._failed(name)
+
+        return each
+
+    def _started(self, hook: str, pairs: Iterable[tuple[Any, Any]], *args: Any) -> list[Any]:
+        tokens = []
+        for started, _ended in pairs:
+            try:
+                tokens.append(started(*args))
+            except Exception:
+                tokens.append(FAILED)
+                self._failed(hook)
+        return tokens
 
     # Receiver attempts (receiver threads) ----------------------------------------------------
-    @never_raises
     def attempt_started(self, message: Message) -> Any:
-        span = self.tracing.start(message) if self.tracing is not None else None
-        if self.metrics is not None:
-            in_flight, _duration, late_by = self._children(message.receiver)
-            in_flight.inc()
-            if message.attempt > 1:
-                late = lateness(message.headers, self._due, self._due_us)
-                if late is not None:
-                    late_by.observe(late)
-        return (time.perf_counter(), message.receiver, span)
+        if not self._attempts:
+            return None
+        now = time.time_ns()
+        return now, self._started("attempt_started", self._attempts, message, now)
 
-    @never_raises
     def attempt_ended(self, token: Any, error: BaseException | None, action: Any) -> None:
-        if token is None:  # attempt_started failed
+        if token is None:
             return
-        started, receiver, span = token
-        if self.tracing is not None:
-            self.tracing.end(span, error, action)
-        if self.metrics is not None:
-            in_flight, duration, _late_by = self._children(receiver)
-            duration.observe(time.perf_counter() - started)
-            in_flight.dec()
+        started, tokens = token
+        now = time.time_ns()
+        took = max(0, now - started)  # the wall clock may step back
+        for (_started, ended), part_token in zip(self._attempts, tokens, strict=True):
+            if part_token is FAILED:
+                continue
+            try:
+                ended(part_token, error, action, now, took)
+            except Exception:
+                self._failed("attempt_ended")
 
-    # The consumer's threads -------------------------------------------------------------------
-    @never_raises
-    def settled(self, receiver: str, queue: str, outcome: str) -> None:
-        if self.metrics is not None:
-            child = self._per_outcome.get((receiver, outcome))
-            if child is None:
-                child = self._per_outcome[receiver, outcome] = self.metrics.messages.labels(
-                    receiver, outcome
-                )
-            child.inc()
+    # Sending (any thread that publishes) -----------------------------------------------------
+    def send_started(self, out: Outgoing) -> Any:
+        return self._started("send_started", self._sends, out) if self._sends else None
 
-    @never_raises
-    def loop_tick(self, ready: bool) -> None:
-        if self.health is not None:
-            self.health.tick(ready)
-        m = self.metrics
-        if m is not None:
-            now = time.time()
-            if ready is not self._ready or now - self._beat_set >= 1.0:
-                self._ready = ready
-                self._beat_set = now
-                m.ready.set(1 if ready else 0)
-                m.heartbeat.set(now)
+    def send_ended(self, token: Any, error: BaseException | None) -> None:
+        if token is None:
+            return
+        for (_started, ended), part_token in zip(self._sends, token, strict=True):
+            if part_token is FAILED:
+                continue
+            try:
+                ended(part_token, error)
+            except Exception:
+                self._failed("send_ended")
 
-    @never_raises
-    def reconnecting(self) -> None:
-        if self.metrics is not None:
-            self.metrics.reconnects.inc()
-
-    @never_raises
-    def parked_batch(self, size: int, lag_seconds: float) -> None:
-        if self.metrics is not None:
-            self.metrics.park_batch.observe(size)
-            self.metrics.park_lag.observe(lag_seconds)
+    def stopped(self) -> None:
+        """The consumer returned: not ready any more (each part that cares)."""
 
     def requeued(self, sender: Any, parked_ids: list[int], user: str, mode: str, **_: Any) -> None:
         """``message_requeued`` (connected while tracing is on)."""
@@ -142,48 +170,14 @@ class Observer(Hooks):
             except Exception:  # tracing never fails a requeue
                 logger.exception("tracing a requeue failed")
 
-    @never_raises
-    def retry_copy(self, headers: MutableMapping[str, Any]) -> None:
-        if self.tracing is not None:
-            self.tracing.retry_copy(headers)
 
-    @contextlib.contextmanager
-    def sending(
-        self,
-        routing_key: str,
-        headers: MutableMapping[str, Any],
-        outbox: bool,
-        count: int = 1,
-        properties: MutableMapping[str, Any] | None = None,
-    ) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            if self.tracing is not None:
-                stack.enter_context(
-                    self.tracing.sending(routing_key, headers, outbox, count, properties)
-                )
-            try:
-                yield
-            except BaseException:
-                if self.metrics is not None:
-                    self.metrics.published.labels("failed").inc(count)
-                raise
-            if self.metrics is not None:
-                self.metrics.published.labels("outboxed" if outbox else "confirmed").inc(count)
-
-    def stopped(self) -> None:
-        """The consumer returned: not ready any more."""
-        if self.health is not None:
-            self.health.stopped()
-        if self.metrics is not None:
-            self.metrics.ready.set(0)
-
-
-def lateness(headers: dict[str, Any], due: str, due_us: str) -> float | None:
-    """Seconds between a retry's due time (our headers) and now; ``None`` without one."""
+def lateness(headers: dict[str, Any], due: str, due_us: str, now: float) -> float | None:
+    """Seconds between a retry's due time (our headers) and ``now`` (Unix seconds);
+    ``None`` without one."""
     value = headers.get(due_us)
     if isinstance(value, int) and not isinstance(value, bool):
-        return max(0.0, time.time() - value / 1e6)
+        return max(0.0, now - value / 1e6)
     value = headers.get(due)
     if isinstance(value, int) and not isinstance(value, bool):
-        return max(0.0, time.time() - value / 1e3)
+        return max(0.0, now - value / 1e3)
     return None
