@@ -40,19 +40,24 @@ LOGGING = {
 
 # The observability scenario: metrics (--metrics-port) and traces on. Traces go through the
 # OpenTelemetry SDK with a batch processor to an exporter that drops them: what a project
-# pays short of its network exporter.
-if env.bool("BENCH_TRACING", default=False):
+# pays short of its network exporter. BENCH_TRACING=1: the SDK's default sampler (every
+# trace without a parent recorded: the worst case); BENCH_TRACING=0.1: a project's
+# ParentBased(TraceIdRatioBased(0.1)), one trace in ten recorded.
+_tracing = env.float("BENCH_TRACING", default=0.0)
+if _tracing:
     RMQ_RETRY["TRACING"] = True
     from opentelemetry import trace as _trace
     from opentelemetry.sdk.trace import TracerProvider as _Provider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor as _Batch
     from opentelemetry.sdk.trace.export import SpanExporter as _Exporter
     from opentelemetry.sdk.trace.export import SpanExportResult as _Result
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class _Drop(_Exporter):
         def export(self, spans):  # type: ignore[no-untyped-def]
             return _Result.SUCCESS
 
-    _provider = _Provider()
+    _sampled = {} if _tracing >= 1 else {"sampler": ParentBased(TraceIdRatioBased(_tracing))}
+    _provider = _Provider(**_sampled)
     _provider.add_span_processor(_Batch(_Drop()))
     _trace.set_tracer_provider(_provider)

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from bench.cpuwork import burn
+from bench.cpuwork import ROUNDS, burn
 from django_rmq_retry import Reject, Retry, Topic, receiver
 
 noop_topic = Topic("bench.noop")
@@ -73,9 +73,11 @@ def bench_noop(message, **kwargs):
 
 @receiver(cpu_topic)
 def bench_cpu(message, **kwargs):
-    """About 0.5 ms of pure-Python CPU per message (the process-scaling benchmark)."""
+    """About 0.5 ms of pure-Python CPU per message (the process-scaling benchmark), or
+    the body's ``burn`` rounds (the observability scenario's ~1 ms receiver)."""
     mark_first()
-    burn()
+    body = message.body if isinstance(message.body, dict) else {}
+    burn(int(body.get("burn") or 0) or ROUNDS)
     _count_call()
 
 
