@@ -48,7 +48,8 @@ class ConsumerMetrics(Part):
         self.registry = r = registry
         names = names or Names("rmq_retry")
         self._due, self._due_us = names.header("due"), names.header("due-us")
-        # Children by label values, looked up once (``labels()`` costs ~1 µs a call).
+        # Children by label values, looked up once (``labels()`` validates and hashes its
+        # values on every call).
         self._per_receiver: dict[str, tuple[Any, Any, Any]] = {}
         self._per_outcome: dict[tuple[str, str], Any] = {}
         self._published: dict[str, Any] = {}

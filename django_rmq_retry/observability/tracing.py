@@ -16,14 +16,14 @@ Messaging semantic conventions: ``messaging.system=rabbitmq``, span names
   requeued messages' traces. A span is an error only when the message is parked: an attempt
   that fails and a later one succeeds pages nobody (its exception is recorded as an event).
 
-What a span costs the consumer: the SDK's own price for a recorded span (tens of µs), and
-little of ours. The attributes a sampler may look at (``messaging.system``, the operation
-type, the destination) are given when a span starts; the rest, the decision's events and
-the exception's (its traceback formatted once per frame, ``core.failure``) only when the
-span records (``span.is_recording()``): a span a ratio sampler drops costs the SDK's
-decision and a context attached while the receiver runs, so that its own spans follow the
-same decision and its log lines carry the trace id. A message without a trace context is
-not handed to the propagator at all.
+What a span costs the consumer: the SDK's own price for a recorded span, and little of
+ours (``bench/obs_cost.py`` shows the two apart). The attributes a sampler may look at
+(``messaging.system``, the operation type, the destination) are given when a span starts;
+the rest, the decision's events and the exception's (its traceback formatted once per
+frame, ``core.failure``) only when the span records (``span.is_recording()``): a span a
+ratio sampler drops costs the SDK's decision and a context attached while the receiver
+runs, so that its own spans follow the same decision and its log lines carry the trace id.
+A message without a trace context is not handed to the propagator at all.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ class Tracing(Part):
         headers = message.headers
         producer = self._producer(headers) if headers else None
         previous = self._previous(headers) if self.prev_header in headers else None
-        # The producer's link carries no attributes (it is also the parent: attributes on
-        # each of a message's links cost ~10 µs per span); the previous attempt's says so.
+        # The producer's link carries no attributes (it is also the parent, and the SDK
+        # copies a link's attributes for every span); the previous attempt's says so.
         links = []
         if producer is not None:
             links.append(Link(producer))
