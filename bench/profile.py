@@ -2,7 +2,7 @@
 """Profile our consumer on one benchmark workload with py-spy (all threads sampled).
 
     .venv/bin/pip install py-spy          # bench-only tool, not a dependency
-    .venv/bin/python bench/profile.py happy|retry|park|requeue [N] [--db postgres] [--gil]
+    .venv/bin/python bench/profile.py happy|retry|park|requeue [N] [--db postgres] [--gil] [--rate 250]
 
 Pre-publishes N messages, runs ``rmq_consume`` under ``py-spy record --format raw``, and
 prints the functions with the most samples: own time ("self") and inclusive ("total"),
@@ -56,6 +56,7 @@ def main() -> int:
     parser.add_argument("--db", default="sqlite", choices=["sqlite", "postgres"])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--gil", action="store_true", help="sample the GIL holder only")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the consumer")
     parser.add_argument("--keep", type=Path, help="also copy py-spy's raw stacks to this file")
     args = parser.parse_args()
@@ -79,7 +80,7 @@ def main() -> int:
             cmd = manage_cmd(
                 "rmq_consume", short, "--max-messages", str(args.n), "--prefetch", "20"
             )
-        record = [spy, "record", "--format", "raw", "--rate", "250", "-o", str(out)]
+        record = [spy, "record", "--format", "raw", "--rate", str(args.rate), "-o", str(out)]
         subprocess.run(
             [*record, *(["--gil"] if args.gil else []), "--", *cmd],
             cwd=ROOT,
