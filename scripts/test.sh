@@ -7,9 +7,19 @@
 #   rabbit4   the broker-facing suites against RabbitMQ 4.0 (scripts/brokers.sh rabbit4),
 #             with classic queues and again with quorum queues
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
+#
+# Two phases. Phase 1 runs the checks and the legs side by side, each in a process of its own
+# with its output in a log file (.test-logs/), because most tests wait on the broker and the
+# legs share nothing a test stops: each leg has its own test database (tests/settings.py names
+# it after the pytest process), its own broker prefixes (one per test), its own pytest
+# temporary directory, and rabbit4 and cluster have brokers of their own. Phase 2 runs alone
+# what stops or reconfigures a service another leg uses (NEWEST_ALONE below: the system
+# RabbitMQ stopped or given a memory alarm or a short consumer_timeout, PostgreSQL stopped).
+# The logs are printed at the end, then each part's time, pass/fail counts and fault table.
+#
 # Starts what it needs; says what is missing otherwise. CI runs every leg; locally choose
-# some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh). Extra arguments go to pytest
-# (e.g. scripts/test.sh -k requeue).
+# some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh; one leg alone streams its output
+# to the terminal). Extra arguments go to pytest (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
 ALL_LEGS="oldest newest rabbit4 cluster"
 LEGS="${LEGS:-$ALL_LEGS}"
@@ -24,38 +34,24 @@ leg_on() { [[ " $LEGS " == *" $1 "* ]]; }
 # its time limit.
 export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=15"
 
-# Per-leg wall times, printed at the end whether the run passed or not.
-TIMINGS=()
-print_timings() {
-  [ ${#TIMINGS[@]} -eq 0 ] || say "timings: $(IFS=,; echo "${TIMINGS[*]}" | sed 's/,/, /g')"
-}
-trap print_timings EXIT
-timed() {
-  local name="$1" t0=$SECONDS rc=0
-  shift
-  "$@" || rc=$?
-  local s=$((SECONDS - t0))
-  TIMINGS+=("$name $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED)")")
-  return "$rc"
-}
-
+RUN_T0=$SECONDS
 ensure_venv dev
 "$VENV/bin/python" -m pip install -q --group tox
 ensure_debs
 ensure_rabbitmq
 PY="$VENV/bin/python"
 
-say "ruff"
-"$VENV/bin/ruff" check .
-"$VENV/bin/ruff" format --check .
-say "layering (import-linter: layers, no cycles, pika only in broker/, a pure core)"
-"$VENV/bin/lint-imports"
-say "migrations are up to date"
-DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
-DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check --fail-level WARNING
-
-say "mypy"
-"$VENV/bin/mypy" django_rmq_retry
+checks() {
+  say "ruff"
+  "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . || return
+  say "layering (import-linter: layers, no cycles, pika only in broker/, a pure core)"
+  "$VENV/bin/lint-imports" || return
+  say "migrations are up to date"
+  DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run || return
+  DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check --fail-level WARNING || return
+  say "mypy"
+  "$VENV/bin/mypy" django_rmq_retry
+}
 
 PG_URL="${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 need_postgres() {
@@ -97,13 +93,36 @@ tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
   local env="$1" version="$2" dir
   shift 2
   dir="$(python_dir "$version")" || return
-  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$env" -- "$@"
+  # The package is installed when the env is built, below, before the legs start.
+  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$env" --skip-pkg-install -- "$@"
 }
 leg_oldest() {
   tox_leg oldest 3.10 -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
 }
+# The newest leg's tests that stop or reconfigure a service other legs use: they run in phase
+# 2, alone. The system RabbitMQ: stopped (test_broker_faults, the relay's broker restart),
+# given a memory alarm that blocks every publisher on it or a consumer_timeout of 1 s that
+# closes every slow consumer's channel (test_adversary_broker, the adversarial broker
+# events). PostgreSQL, which every leg but oldest uses: stopped (test_database_down). The
+# other tests that call rabbitmqctl touch only objects under their own prefix (policies,
+# users, queues) or connections they opened themselves, and run in phase 1.
+NEWEST_ALONE=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
+  tests/faults/test_database_down.py
+  tests/adversarial/test_adversarial.py::test_adversarial_broker_events
+  tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
+newest_not_alone() {
+  local t
+  for t in "${NEWEST_ALONE[@]}"; do
+    case "$t" in *::*) echo "--deselect=$t" ;; *) echo "--ignore=$t" ;; esac
+  done
+}
 leg_newest() {
-  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "$@"
+  local skip
+  mapfile -t skip < <(newest_not_alone)
+  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "${skip[@]}" "$@"
+}
+leg_newest_alone() {
+  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "${NEWEST_ALONE[@]}" "$@"
 }
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
@@ -149,7 +168,7 @@ adversarial() {
 }
 leg_rabbit4() (
   # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply
-  # inside a function called by `timed`: each step says its status.)
+  # inside a function called with ||, as run_part calls it: each step says its status.)
   bash scripts/brokers.sh rabbit4 up || return
   local env rc=0 extra
   env="$(bash scripts/brokers.sh rabbit4 env)" || return
@@ -174,19 +193,124 @@ leg_cluster() {
   return "$rc"
 }
 
-# Every chosen leg runs even after one failed (one CI run shows all); the exit status says.
-FAILED=()
-if leg_on oldest; then
-  say "leg oldest: Python 3.10, Django 5.2, the oldest pika, SQLite"
-  timed oldest leg_oldest "$@" || FAILED+=(oldest)
-fi
-for leg in newest rabbit4 cluster; do
-  leg_on "$leg" || continue
-  if need_postgres; then
-    say "leg $leg (PostgreSQL)"
-    timed "$leg" "leg_$leg" "$@" || FAILED+=("$leg")
-  else
-    say "PostgreSQL not available: skipped the $leg leg (install postgresql to run it)"
+
+# --- Running the parts ----------------------------------------------------------------------
+LOGS="${TEST_LOGS:-$ROOT/.test-logs}"
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+PARTS=()     # in the order they started
+declare -A PID=() STATUS=()
+# Each part: a process of its own, output to $LOGS/NAME.log, pytest's temporary files in
+# $LOGS/tmp-NAME (one directory per part: pytest prunes old ones in a shared directory).
+# With STREAM (one leg chosen, not in CI) the parts run one after the other, output to the
+# terminal.
+run_part() {  # run_part NAME FUNCTION ARGS...
+  local name="$1" t0=$SECONDS rc=0
+  shift
+  export PYTEST_ADDOPTS="$PYTEST_ADDOPTS --basetemp=$LOGS/tmp-$name"
+  if [ -n "$STREAM" ]; then "$@" || rc=$?; else "$@" >"$LOGS/$name.log" 2>&1 || rc=$?; fi
+  echo "$rc $((SECONDS - t0))" >"$LOGS/$name.status"
+}
+start_part() {  # start_part NAME FUNCTION ARGS...
+  PARTS+=("$1")
+  if [ -n "$STREAM" ]; then
+    say "$1"
+    (run_part "$@") || true
+    part_done "$1"
+    return
   fi
+  (run_part "$@") &
+  PID[$1]=$!
+  say "started: $1 (log: ${LOGS#"$ROOT/"}/$1.log)"
+}
+part_done() {
+  local rc s
+  read -r rc s <"$LOGS/$1.status" || { rc=1 s=0; }
+  STATUS[$1]="$rc $s"
+  say "finished: $1 in $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED, exit $rc)")"
+}
+wait_parts() {  # reports each part as it ends
+  local name pid pending=()
+  for name in "${PARTS[@]}"; do [ -n "${STATUS[$name]:-}" ] || pending+=("${PID[$name]}"); done
+  while [ ${#pending[@]} -gt 0 ]; do
+    pid=""
+    wait -n -p pid "${pending[@]}" || true
+    [ -n "$pid" ] || break
+    for name in "${PARTS[@]}"; do [ "${PID[$name]:-}" = "$pid" ] && part_done "$name"; done
+    mapfile -t pending < <(printf '%s\n' "${pending[@]}" | grep -vx "$pid")
+  done
+}
+# A pytest log's last summary line ("== 12 passed, 1 skipped in 3.1s ==") for the summary.
+counts() {
+  grep -aE '^=+ .*\b(passed|failed|error|errors|skipped|deselected)\b.* in [0-9.]+s' "$1" \
+    | sed -E 's/^=+ //; s/ =+$//' | paste -sd ';' -
+}
+summary() {
+  local name rc s
+  for name in "${PARTS[@]}"; do
+    [ -n "$STREAM" ] && break
+    printf '\n\033[1m======== %s: log %s ========\033[0m\n' "$name" "$LOGS/$name.log"
+    cat "$LOGS/$name.log"
+  done
+  echo
+  say "summary (whole run $(((SECONDS - RUN_T0) / 60))m$(((SECONDS - RUN_T0) % 60))s)"
+  for name in "${PARTS[@]}"; do
+    read -r rc s <<<"${STATUS[$name]:-1 0}"
+    printf '  %-14s %3dm%02ds  %s  %s\n' "$name" $((s / 60)) $((s % 60)) \
+      "$([ "$rc" = 0 ] && echo ok || echo "FAILED")" "$(counts "$LOGS/$name.log" 2>/dev/null)"
+  done
+  for name in "${PARTS[@]}"; do
+    [ -f "$LOGS/$name.log" ] || continue
+    if grep -aq "fault-injection count table" "$LOGS/$name.log"; then
+      echo "  fault-injection count table(s) of $name:"
+      sed -n '/fault-injection count table/,/^=/p' "$LOGS/$name.log" | grep -a '^|' | sed 's/^/    /'
+    fi
+  done
+}
+
+chosen=()
+for leg in $ALL_LEGS; do leg_on "$leg" && chosen+=("$leg"); done
+STREAM=""
+[ ${#chosen[@]} -eq 1 ] && [ -z "${CI:-}" ] && STREAM=1
+if leg_on newest || leg_on rabbit4 || leg_on cluster; then
+  if ! need_postgres; then
+    say "PostgreSQL not available: skipped the newest, rabbit4 and cluster legs (install postgresql)"
+    chosen=()
+    leg_on oldest && chosen=(oldest)
+  fi
+fi
+# What two legs would otherwise fetch at once into one directory (npm ci deletes node_modules
+# first): the AMQP client and the AsyncAPI schema that tests/foreign and tests/asyncapi use.
+for d in tests/foreign tests/asyncapi; do
+  [ -d "$ROOT/$d/node_modules" ] && continue
+  say "npm ci in $d"
+  (cd "$ROOT/$d" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $d failed"
 done
-[ ${#FAILED[@]} -eq 0 ] || die "failed leg(s): ${FAILED[*]}"
+# tox builds the package of both envs in one directory (.tox/.pkg): build the envs one after
+# the other before they run side by side.
+tox_envs=()
+for leg in oldest newest; do [[ " ${chosen[*]} " == *" $leg "* ]] && tox_envs+=("$leg"); done
+if [ ${#tox_envs[@]} -gt 0 ]; then
+  say "tox envs: ${tox_envs[*]}"
+  for leg in "${tox_envs[@]}"; do
+    case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
+    dir="$(python_dir "$v")" || exit 1
+    PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$leg" --notest -q || die "tox could not build env $leg"
+  done
+fi
+
+say "phase 1: checks and ${chosen[*]} side by side"
+start_part checks checks
+for leg in "${chosen[@]}"; do start_part "$leg" "leg_$leg" "$@"; done
+wait_parts
+if [[ " ${chosen[*]} " == *" newest "* ]]; then
+  say "phase 2: what stops or reconfigures a shared service, alone"
+  start_part newest-alone leg_newest_alone "$@"
+  wait_parts
+fi
+summary
+FAILED=()
+for name in "${PARTS[@]}"; do
+  [ "${STATUS[$name]%% *}" = 0 ] || FAILED+=("$name")
+done
+[ ${#FAILED[@]} -eq 0 ] || die "failed: ${FAILED[*]}"
