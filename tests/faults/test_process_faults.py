@@ -3,6 +3,7 @@ receiver slower than twice the heartbeat. All against a real consumer subprocess
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 
@@ -106,10 +107,15 @@ def _poison(rmq, procs, queue_type):
 
 
 @pytest.mark.parametrize(
-    "sleep,timeout,total", [(1.0, 10, 40), (3.0, 1, 12)], ids=["finish", "overrun"]
+    "sleep,timeout,total", [(1.0, 10, 40), (6.0, 1, 8)], ids=["finish", "overrun"]
 )
 def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout, total):
-    """Scenario 5: in-flight receivers finish and are acked, the rest go back, exit on time."""
+    """Scenario 5: in-flight receivers finish and are acked, the rest go back, exit on time.
+
+    "On time" is proved by order and count, not by the clock (a loaded host stretches any
+    window): with receivers shorter than the shutdown timeout, every started one finished
+    and none was reported still running; with longer ones, the process was gone before
+    they could finish (they never logged "done"), and it said how many it left running."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     for i in range(total):
         other.send({"id": i, "sleep": sleep})
@@ -148,15 +154,19 @@ def test_sigterm_with_a_full_prefetch_window(rmq, procs, sleep, timeout, total):
         f"{back_in_queue} back in queue, {len(started - done_at_stop)} unfinished",
     )
     assert proc.returncode == 0, out
-    assert took < timeout + 3, (took, out)
+    # Only a hang fails here: the order and counts below say whether it exited on time.
+    assert took < timeout + 20, (took, out)
     assert set(done) == set(range(total))
+    assert back_in_queue == total - len(done_at_stop)
+    left = re.search(r"(\d+) receiver\(s\) still running", out)
     if sleep < timeout:
         assert started == done_at_stop, "a started receiver did not finish"
-        assert back_in_queue == total - len(done_at_stop)
+        assert left is None, out
         assert set(done.values()) == {1}
     else:
-        assert "still running" in out, out
-        assert back_in_queue == total - len(done_at_stop)
+        unfinished = started - done_at_stop
+        assert unfinished, f"the consumer waited for its {sleep:g} s receivers: {out}"
+        assert left is not None and int(left.group(1)) == len(unfinished), out
 
 
 def test_receiver_slower_than_two_heartbeats_keeps_its_connection(rmq, procs):
