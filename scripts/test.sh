@@ -8,14 +8,19 @@
 #             with classic queues and again with quorum queues
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
 #
-# Two phases. Phase 1 runs the checks and the legs side by side, each in a process of its own
-# with its output in a log file (.test-logs/), because most tests wait on the broker and the
-# legs share nothing a test stops: each leg has its own test database (tests/settings.py names
-# it after the pytest process), its own broker prefixes (one per test), its own pytest
-# temporary directory, and rabbit4 and cluster have brokers of their own. Phase 2 runs alone
-# what stops or reconfigures a service another leg uses (NEWEST_ALONE below: the system
-# RabbitMQ stopped or given a memory alarm or a short consumer_timeout, PostgreSQL stopped).
-# The logs are printed at the end, then each part's time, pass/fail counts and fault table.
+# The legs run side by side, each part in a process of its own with its output in a log file
+# (.test-logs/NAME.log), because most tests wait on a broker and the legs share nothing a
+# test stops: each pytest process has its own test database (tests/settings.py names it after
+# the process), every test its own broker prefix, each part its own pytest temporary
+# directory, rabbit4 and cluster have brokers of their own, and the npm packages two legs
+# use are fetched once before they start. What stops or reconfigures a shared service runs
+# once its other users are done (see "The newest leg runs in four parts" below):
+#   phase 1   checks (ruff, import layering, migrations, mypy), oldest, newest and
+#             newest-faults, rabbit4, cluster
+#   phase 2   newest-broker (the system RabbitMQ stopped or set node-wide), from the moment
+#             oldest, newest and newest-faults are done, beside what is left of phase 1
+#   phase 3   newest-db (PostgreSQL stopped), alone
+# The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
 #
 # Starts what it needs; says what is missing otherwise. CI runs every leg; locally choose
 # some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh; one leg alone streams its output
@@ -33,6 +38,8 @@ leg_on() { [[ " $LEGS " == *" $1 "* ]]; }
 # The slowest tests of each pytest run are listed at its end: what to look at when CI nears
 # its time limit.
 export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=15"
+# With pytest arguments of your own (-k, a path), a part they leave nothing to run passes.
+[ $# -eq 0 ] || export RMQ_TESTS_NONE_OK=1
 
 RUN_T0=$SECONDS
 ensure_venv dev
@@ -99,31 +106,36 @@ tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
 leg_oldest() {
   tox_leg oldest 3.10 -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
 }
-# The newest leg's tests that stop or reconfigure a service other legs use: they run in phase
-# 2, alone. The system RabbitMQ: stopped (test_broker_faults, the relay's broker restart),
-# given a memory alarm that blocks every publisher on it or a consumer_timeout of 1 s that
-# closes every slow consumer's channel (test_adversary_broker, the adversarial broker
-# events). PostgreSQL, which every leg but oldest uses: stopped (test_database_down). The
-# other tests that call rabbitmqctl touch only objects under their own prefix (policies,
-# users, queues) or connections they opened themselves, and run in phase 1.
-NEWEST_ALONE=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
-  tests/faults/test_database_down.py
+# The newest leg runs in four parts. Side by side with the other legs: "newest" (the ordinary
+# suite) and "newest-faults" (the fault injection that disturbs no one else: consumers it
+# kills are its own, rabbitmqctl touches only its own prefix's policies, users and queues or
+# connections it opened, the TLS node is private). Then, once oldest and newest are done,
+# "newest-broker": what stops the system RabbitMQ (test_broker_faults, the relay's broker
+# restart) or sets it node-wide (a memory alarm that blocks every publisher, a 1 s
+# consumer_timeout that closes every slow consumer's channel: test_adversary_broker, the
+# adversarial broker events). Last, alone: "newest-db", which stops PostgreSQL, which every leg
+# but oldest uses (test_database_down).
+NEWEST_BROKER=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
   tests/adversarial/test_adversarial.py::test_adversarial_broker_events
   tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
-newest_not_alone() {
+NEWEST_DB=(tests/faults/test_database_down.py)
+not_these() {  # pytest options that leave the given files and tests out
   local t
-  for t in "${NEWEST_ALONE[@]}"; do
+  for t in "$@"; do
     case "$t" in *::*) echo "--deselect=$t" ;; *) echo "--ignore=$t" ;; esac
   done
 }
+newest() { DATABASE_URL="$PG_URL" tox_leg newest 3.13 "$@"; }
 leg_newest() {
+  newest -m "not browser and not cluster and not faults" "$@"
+}
+leg_newest_faults() {
   local skip
-  mapfile -t skip < <(newest_not_alone)
-  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "${skip[@]}" "$@"
+  mapfile -t skip < <(not_these "${NEWEST_BROKER[@]}" "${NEWEST_DB[@]}")
+  newest -m "faults and not cluster" "${skip[@]}" "$@"
 }
-leg_newest_alone() {
-  DATABASE_URL="$PG_URL" tox_leg newest 3.13 -m "not browser and not cluster" "${NEWEST_ALONE[@]}" "$@"
-}
+leg_newest_broker() { newest -m "not cluster" "${NEWEST_BROKER[@]}" "$@"; }
+leg_newest_db() { newest -m "not cluster" "${NEWEST_DB[@]}" "$@"; }
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
@@ -229,15 +241,21 @@ part_done() {
   STATUS[$1]="$rc $s"
   say "finished: $1 in $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED, exit $rc)")"
 }
-wait_parts() {  # reports each part as it ends
-  local name pid pending=()
-  for name in "${PARTS[@]}"; do [ -n "${STATUS[$name]:-}" ] || pending+=("${PID[$name]}"); done
-  while [ ${#pending[@]} -gt 0 ]; do
+wait_parts() {  # wait_parts [NAME...]: until these parts (default: all) ended; reports each
+  local want=("$@") name pid pending left  # part (any part) as it ends
+  [ ${#want[@]} -gt 0 ] || want=("${PARTS[@]}")
+  while :; do
+    left=""
+    for name in "${want[@]}"; do [ -n "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && left=1; done
+    [ -n "$left" ] || return 0
+    pending=()
+    for name in "${PARTS[@]}"; do
+      [ -n "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && pending+=("${PID[$name]}")
+    done
     pid=""
     wait -n -p pid "${pending[@]}" || true
-    [ -n "$pid" ] || break
+    [ -n "$pid" ] || return 0
     for name in "${PARTS[@]}"; do [ "${PID[$name]:-}" = "$pid" ] && part_done "$name"; done
-    mapfile -t pending < <(printf '%s\n' "${pending[@]}" | grep -vx "$pid")
   done
 }
 # A pytest log's last summary line ("== 12 passed, 1 skipped in 3.1s ==") for the summary.
@@ -286,28 +304,35 @@ for d in tests/foreign tests/asyncapi; do
   say "npm ci in $d"
   (cd "$ROOT/$d" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $d failed"
 done
-# tox builds the package of both envs in one directory (.tox/.pkg): build the envs one after
-# the other before they run side by side.
+# tox builds each env once, before the parts that share an env run side by side; pytest
+# --collect-only also runs the env's commands_pre (the pika and Django versions it installs),
+# so that the parts' own runs of it have nothing left to install.
 tox_envs=()
 for leg in oldest newest; do [[ " ${chosen[*]} " == *" $leg "* ]] && tox_envs+=("$leg"); done
-if [ ${#tox_envs[@]} -gt 0 ]; then
-  say "tox envs: ${tox_envs[*]}"
-  for leg in "${tox_envs[@]}"; do
-    case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
-    dir="$(python_dir "$v")" || exit 1
-    PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$leg" --notest -q || die "tox could not build env $leg"
-  done
-fi
+for leg in "${tox_envs[@]}"; do
+  say "tox env $leg"
+  case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
+  dir="$(python_dir "$v")" || exit 1
+  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$leg" -- --collect-only -qq -p no:cacheprovider \
+    >"$LOGS/tox-$leg.log" 2>&1 || { cat "$LOGS/tox-$leg.log"; die "tox could not build env $leg"; }
+done
+on() { [[ " ${chosen[*]} " == *" $1 "* ]]; }
 
 say "phase 1: checks and ${chosen[*]} side by side"
 start_part checks checks
-for leg in "${chosen[@]}"; do start_part "$leg" "leg_$leg" "$@"; done
-wait_parts
-if [[ " ${chosen[*]} " == *" newest "* ]]; then
-  say "phase 2: what stops or reconfigures a shared service, alone"
-  start_part newest-alone leg_newest_alone "$@"
+on oldest && start_part oldest leg_oldest "$@"
+on newest && start_part newest leg_newest "$@" && start_part newest-faults leg_newest_faults "$@"
+on rabbit4 && start_part rabbit4 leg_rabbit4 "$@"
+on cluster && start_part cluster leg_cluster "$@"
+if on newest; then
+  wait_parts oldest newest newest-faults
+  say "phase 2: the system RabbitMQ stopped and set node-wide (its other users are done)"
+  start_part newest-broker leg_newest_broker "$@"
   wait_parts
+  say "phase 3: PostgreSQL stopped, alone"
+  start_part newest-db leg_newest_db "$@"
 fi
+wait_parts
 summary
 FAILED=()
 for name in "${PARTS[@]}"; do

@@ -104,6 +104,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     same broker keeps its own).
     """
     _DELETER.finish()
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and os.environ.get("RMQ_TESTS_NONE_OK"):
+        # scripts/test.sh with a -k or a path that leaves one of its parts nothing to run.
+        session.exitstatus = pytest.ExitCode.OK
     if not _PREFIXES:
         return
     starts = tuple(f"{p}." for p in _PREFIXES)
