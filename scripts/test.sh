@@ -212,14 +212,12 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS"
 PARTS=()     # in the order they started
 declare -A PID=() STATUS=()
-# Each part: a process of its own, output to $LOGS/NAME.log, pytest's temporary files in
-# $LOGS/tmp-NAME (one directory per part: pytest prunes old ones in a shared directory).
+# Each part: a process of its own, output to $LOGS/NAME.log.
 # With STREAM (one leg chosen, not in CI) the parts run one after the other, output to the
 # terminal.
 run_part() {  # run_part NAME FUNCTION ARGS...
   local name="$1" t0=$SECONDS rc=0
   shift
-  export PYTEST_ADDOPTS="$PYTEST_ADDOPTS --basetemp=$LOGS/tmp-$name"
   if [ -n "$STREAM" ]; then "$@" || rc=$?; else "$@" >"$LOGS/$name.log" 2>&1 || rc=$?; fi
   echo "$rc $((SECONDS - t0))" >"$LOGS/$name.status"
 }
@@ -317,20 +315,24 @@ for leg in "${tox_envs[@]}"; do
     >"$LOGS/tox-$leg.log" 2>&1 || { cat "$LOGS/tox-$leg.log"; die "tox could not build env $leg"; }
 done
 on() { [[ " ${chosen[*]} " == *" $1 "* ]]; }
+# pytest's temporary files in a directory per part (in a shared one, pytest prunes the older
+# sessions' directories); an argument, not PYTEST_ADDOPTS, which the tests' own pytest
+# children inherit.
+tmp() { echo "--basetemp=$LOGS/tmp-$1"; }
 
 say "phase 1: checks and ${chosen[*]} side by side"
 start_part checks checks
-on oldest && start_part oldest leg_oldest "$@"
-on newest && start_part newest leg_newest "$@" && start_part newest-faults leg_newest_faults "$@"
-on rabbit4 && start_part rabbit4 leg_rabbit4 "$@"
-on cluster && start_part cluster leg_cluster "$@"
+on oldest && start_part oldest leg_oldest "$(tmp oldest)" "$@"
+on newest && start_part newest leg_newest "$(tmp newest)" "$@" && start_part newest-faults leg_newest_faults "$(tmp newest-faults)" "$@"
+on rabbit4 && start_part rabbit4 leg_rabbit4 "$(tmp rabbit4)" "$@"
+on cluster && start_part cluster leg_cluster "$(tmp cluster)" "$@"
 if on newest; then
   wait_parts oldest newest newest-faults
   say "phase 2: the system RabbitMQ stopped and set node-wide (its other users are done)"
-  start_part newest-broker leg_newest_broker "$@"
+  start_part newest-broker leg_newest_broker "$(tmp newest-broker)" "$@"
   wait_parts
   say "phase 3: PostgreSQL stopped, alone"
-  start_part newest-db leg_newest_db "$@"
+  start_part newest-db leg_newest_db "$(tmp newest-db)" "$@"
 fi
 wait_parts
 summary
