@@ -139,7 +139,7 @@ leg_newest_db() { newest -m "not cluster" "${NEWEST_DB[@]}" "$@"; }
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
-# the 3.10 legs to keep CI under 40 minutes: the SIGKILL scenarios with classic queues (they
+# the 3.10 legs to keep CI within its time: the SIGKILL scenarios with classic queues (they
 # run here with quorum queues), the exactly-once scenarios (their broker restart runs here with
 # quorum queues), test_security (its TLS test runs a private 3.10 node), the adversarial
 # suites with quorum queues (they run with classic ones), and the outbox and
@@ -164,13 +164,11 @@ R4_CLASSIC=(tests/test_retries.py tests/test_landing.py tests/test_broker_edges.
   tests/test_broker_url.py tests/test_permissions.py
   tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
   --ignore=tests/faults/test_exactly_once.py --ignore=tests/faults/test_database_down.py
-  --ignore=tests/faults/test_quorum_limits.py
-  --deselect tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
+  --ignore=tests/faults/test_quorum_limits.py)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
   tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
-  tests/faults/test_consumer_killed.py tests/faults/test_broker_faults.py
-  tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
+  tests/faults/test_consumer_killed.py)
 adversarial() {
   local f
   for f in tests/test_adversary*.py tests/adversarial; do
@@ -178,22 +176,44 @@ adversarial() {
   done
   true
 }
-leg_rabbit4() (
-  # A subshell, so RMQ_URL/RMQ_CTL of the 4.0 node end with this leg. (set -e does not apply
-  # inside a function called with ||, as run_part calls it: each step says its status.)
-  bash scripts/brokers.sh rabbit4 up || return
-  local env rc=0 extra
+# The 4.0 leg runs in parts too: its node up first ("rabbit4-up"); then the classic pass
+# ("rabbit4", R4_CLASSIC and the adversarial suites) and the quorum pass ("rabbit4-quorum",
+# R4_QUORUM) side by side, each without what stops the node or sets it node-wide (the broker
+# stops and restarts, the memory alarm, the 1 s consumer_timeout); then those
+# ("rabbit4-node": R4_NODE_CLASSIC, then R4_NODE_QUORUM).
+R4_NODE_CLASSIC=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
+  tests/adversarial/test_adversarial.py::test_adversarial_broker_events)
+R4_NODE_QUORUM=(tests/faults/test_broker_faults.py
+  tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
+r4() (  # r4 PASS PYTEST_ARGS...: pytest against the 4.0 node; a subshell, so its RMQ_URL,
+  local pass="$1" env  # RMQ_CTL (rabbitmqctl of the node in its root) and RMQ_LOG end with it
+  shift
   env="$(bash scripts/brokers.sh rabbit4 env)" || return
-  eval "$env"  # RMQ_URL, RMQ_CTL (rabbitmqctl of the 4.0 node in its root) and RMQ_LOG
-  mapfile -t extra < <(adversarial)
-  say "pytest against RabbitMQ 4.0, classic queues (PostgreSQL)"
-  DATABASE_URL="$PG_URL" \
-    "$PY" -m pytest -m "not cluster" "${R4_CLASSIC[@]}" "${extra[@]}" "$@" || rc=$?
-  say "pytest against RabbitMQ 4.0, quorum queues (PostgreSQL)"
-  RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" FAULTS_KILL_MESSAGES=2500 FAULTS_KILLS=10 \
-    "$PY" -m pytest -m "not cluster" "${R4_QUORUM[@]}" "$@" || rc=$?
-  return "$rc"
+  eval "$env"
+  if [ "$pass" = quorum ]; then
+    say "pytest against RabbitMQ 4.0, quorum queues (PostgreSQL)"
+    export RMQ_QUEUE_TYPE=quorum FAULTS_KILL_MESSAGES=2500 FAULTS_KILLS=10
+  else
+    say "pytest against RabbitMQ 4.0, classic queues (PostgreSQL)"
+  fi
+  DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not cluster" "$@"
 )
+leg_rabbit4_up() { bash scripts/brokers.sh rabbit4 up; }
+leg_rabbit4() {
+  local extra skip
+  mapfile -t extra < <(adversarial)
+  mapfile -t skip < <(not_these "${R4_NODE_CLASSIC[@]}")
+  r4 classic "${R4_CLASSIC[@]}" "${extra[@]}" "${skip[@]}" "$@"
+}
+leg_rabbit4_quorum() { r4 quorum "${R4_QUORUM[@]}" "$@"; }
+leg_rabbit4_node() {
+  local rc=0
+  # test_broker_restart_mid_run runs with quorum queues only (see above).
+  r4 classic "${R4_NODE_CLASSIC[@]}" \
+    --deselect=tests/faults/test_broker_faults.py::test_broker_restart_mid_run "$@" || rc=$?
+  r4 quorum "${R4_NODE_QUORUM[@]}" "$@" || rc=$?
+  return "$rc"
+}
 
 # Three RabbitMQ 3.10 nodes of their own (the system node stays untouched), quorum queues.
 leg_cluster() {
@@ -238,23 +258,6 @@ part_done() {
   read -r rc s <"$LOGS/$1.status" || { rc=1 s=0; }
   STATUS[$1]="$rc $s"
   say "finished: $1 in $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED, exit $rc)")"
-}
-wait_parts() {  # wait_parts [NAME...]: until these parts (default: all) ended; reports each
-  local want=("$@") name pid pending left  # part (any part) as it ends
-  [ ${#want[@]} -gt 0 ] || want=("${PARTS[@]}")
-  while :; do
-    left=""
-    for name in "${want[@]}"; do [ -n "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && left=1; done
-    [ -n "$left" ] || return 0
-    pending=()
-    for name in "${PARTS[@]}"; do
-      [ -n "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && pending+=("${PID[$name]}")
-    done
-    pid=""
-    wait -n -p pid "${pending[@]}" || true
-    [ -n "$pid" ] || return 0
-    for name in "${PARTS[@]}"; do [ "${PID[$name]:-}" = "$pid" ] && part_done "$name"; done
-  done
 }
 # A pytest log's last summary line ("== 12 passed, 1 skipped in 3.1s ==") for the summary.
 counts() {
@@ -302,39 +305,99 @@ for d in tests/foreign tests/asyncapi; do
   say "npm ci in $d"
   (cd "$ROOT/$d" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $d failed"
 done
-# tox builds each env once, before the parts that share an env run side by side; pytest
-# --collect-only also runs the env's commands_pre (the pika and Django versions it installs),
-# so that the parts' own runs of it have nothing left to install.
-tox_envs=()
-for leg in oldest newest; do [[ " ${chosen[*]} " == *" $leg "* ]] && tox_envs+=("$leg"); done
-for leg in "${tox_envs[@]}"; do
-  say "tox env $leg"
-  case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
-  dir="$(python_dir "$v")" || exit 1
-  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$leg" -- --collect-only -qq -p no:cacheprovider \
-    >"$LOGS/tox-$leg.log" 2>&1 || { cat "$LOGS/tox-$leg.log"; die "tox could not build env $leg"; }
-done
 on() { [[ " ${chosen[*]} " == *" $1 "* ]]; }
 # pytest's temporary files in a directory per part (in a shared one, pytest prunes the older
 # sessions' directories); an argument, not PYTEST_ADDOPTS, which the tests' own pytest
 # children inherit.
 tmp() { echo "--basetemp=$LOGS/tmp-$1"; }
 
-say "phase 1: checks and ${chosen[*]} side by side"
-start_part checks checks
-on oldest && start_part oldest leg_oldest "$(tmp oldest)" "$@"
-on newest && start_part newest leg_newest "$(tmp newest)" "$@" && start_part newest-faults leg_newest_faults "$(tmp newest-faults)" "$@"
-on rabbit4 && start_part rabbit4 leg_rabbit4 "$(tmp rabbit4)" "$@"
-on cluster && start_part cluster leg_cluster "$(tmp cluster)" "$@"
-if on newest; then
-  wait_parts oldest newest newest-faults
-  say "phase 2: the system RabbitMQ stopped and set node-wide (its other users are done)"
-  start_part newest-broker leg_newest_broker "$(tmp newest-broker)" "$@"
-  wait_parts
-  say "phase 3: PostgreSQL stopped, alone"
-  start_part newest-db leg_newest_db "$(tmp newest-db)" "$@"
+# The parts and what each waits for ("ALL": every other part). A part whose wait includes a
+# failed part still runs: one CI run shows everything.
+declare -A AFTER=() CMD=()
+ORDER=()
+add_part() {  # add_part NAME "AFTER..." FUNCTION ARGS...
+  ORDER+=("$1")
+  AFTER[$1]="$2"
+  CMD[$1]="$(printf '%q ' "${@:3}")"
+}
+add_part checks "" checks
+if on rabbit4; then
+  add_part rabbit4-up "" leg_rabbit4_up
+  add_part rabbit4 rabbit4-up leg_rabbit4 "$(tmp rabbit4)" "$@"
+  add_part rabbit4-quorum rabbit4-up leg_rabbit4_quorum "$(tmp rabbit4-quorum)" "$@"
+  add_part rabbit4-node "rabbit4 rabbit4-quorum" leg_rabbit4_node "$(tmp rabbit4-node)" "$@"
 fi
-wait_parts
+on cluster && add_part cluster "" leg_cluster "$(tmp cluster)" "$@"
+on oldest && add_part oldest tox-env leg_oldest "$(tmp oldest)" "$@"
+if on newest; then
+  add_part newest tox-env leg_newest "$(tmp newest)" "$@"
+  add_part newest-faults tox-env leg_newest_faults "$(tmp newest-faults)" "$@"
+  add_part newest-broker "oldest newest newest-faults" leg_newest_broker "$(tmp newest-broker)" "$@"
+  add_part newest-db ALL leg_newest_db "$(tmp newest-db)" "$@"
+fi
+# tox-env is not a part: the tox envs are built in the foreground, below, while the broker
+# parts start their brokers.
+STATUS[tox-env]=""
+can_start() {
+  local dep other
+  for dep in ${AFTER[$1]}; do
+    if [ "$dep" = ALL ]; then
+      for other in "${ORDER[@]}"; do
+        [ "$other" = "$1" ] || [ -n "${STATUS[$other]:-}" ] || return 1
+      done
+    elif [ "$dep" = tox-env ]; then
+      [ -n "${STATUS[tox-env]}" ] || return 1
+      ready "$1" || return 1
+    else
+      [[ " ${ORDER[*]} " != *" $dep "* ]] || [ -n "${STATUS[$dep]:-}" ] || return 1
+    fi
+  done
+}
+start_ready() {
+  local name
+  for name in "${ORDER[@]}"; do
+    [ -z "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && can_start "$name" \
+      && start_part "$name" eval "${CMD[$name]}"
+  done
+  true
+}
+ready() { [[ " ${built[*]} " == *" ${1%%-*} "* ]]; }
+built=()
+say "legs: ${chosen[*]}; parts: ${ORDER[*]}"
+start_ready
+# tox builds each env once, before the parts that share an env run side by side; pytest
+# --collect-only also runs the env's commands_pre (the pika and Django versions it installs),
+# so that the parts' own runs of it have nothing left to install. If one cannot be built,
+# its leg is reported failed and the other legs go on.
+for leg in oldest newest; do
+  on "$leg" || continue
+  say "tox env $leg"
+  case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
+  if dir="$(python_dir "$v" 2>"$LOGS/tox-$leg.log")" && PATH="$dir:$PATH" "$VENV/bin/tox" run \
+    -e "$leg" -- --collect-only -qq -p no:cacheprovider >>"$LOGS/tox-$leg.log" 2>&1; then
+    built+=("$leg")
+  else
+    say "tox could not build env $leg: leg $leg not run (log: $LOGS/tox-$leg.log)"
+    PARTS+=("tox-$leg")
+    echo "1 0" >"$LOGS/tox-$leg.status"
+    STATUS[tox-$leg]="1 0"
+    for name in "${ORDER[@]}"; do [ "${name%%-*}" = "$leg" ] && STATUS[$name]="1 0"; done
+  fi
+done
+STATUS[tox-env]=done
+start_ready
+while :; do
+  pending=()
+  for name in "${PARTS[@]}"; do
+    [ -n "${PID[$name]:-}" ] && [ -z "${STATUS[$name]:-}" ] && pending+=("${PID[$name]}")
+  done
+  [ ${#pending[@]} -gt 0 ] || break
+  pid=""
+  wait -n -p pid "${pending[@]}" || true
+  [ -n "$pid" ] || break
+  for name in "${PARTS[@]}"; do [ "${PID[$name]:-}" = "$pid" ] && part_done "$name"; done
+  start_ready
+done
 summary
 FAILED=()
 for name in "${PARTS[@]}"; do
