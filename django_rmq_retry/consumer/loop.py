@@ -56,9 +56,6 @@ _OnSettled = Callable[[bool, bool], None]
 #: Seconds a retry copy published again alone (to find one the broker refuses) waits for
 #: its confirm before the broker counts as gone (the confirm pipeline's stall timeout).
 COPY_CONFIRM_WAIT = 30.0
-#: Longest pause of a receiver thread waiting for its finished deliveries to be settled
-#: (``Consumer._hand_back_and_pace``): a connection thread busy elsewhere never holds it up.
-PACE_WAIT = 0.05
 
 
 @dataclass
@@ -94,7 +91,6 @@ class Consumer:
         self.receivers = list(receivers)
         self.names = current_names()
         self.prefetch = int(prefetch or app_settings.PREFETCH)
-        self._pace_at = max(1, self.prefetch // 2)
         self.threads = int(threads or app_settings.THREADS)
         self.max_messages = max_messages
         self.max_idle_time = max_idle_time
@@ -122,10 +118,6 @@ class Consumer:
         self._done: SimpleQueue[Job] = SimpleQueue()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
-        #: Finished deliveries handed back since the connection's thread last settled them,
-        #: and its signal that it did (``_hand_back_and_pace``).
-        self._finished = 0
-        self._settled_cond = threading.Condition(self._wake_lock)
         self._inflight: dict[int, Job] = {}
         self._worker_local = threading.local()  # per receiver thread: when it last finished
         self._last_activity = time.monotonic()
@@ -149,7 +141,7 @@ class Consumer:
                 self.threads,
                 "rmq-receiver",
                 self._process,
-                self._hand_back_and_pace,
+                self._hand_back,
                 hold=self.handler.wait_before,
             ),
             self.receivers,
@@ -246,7 +238,6 @@ class Consumer:
             self._parking.clear()  # the old connection's rows are no longer counted
         with self._wake_lock:
             self._wake_pending = False  # a wake-up scheduled on the old connection is gone
-            self._finished = 0
         name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
         self._connection = broker.connect(after=self._lost_url, name=name)
         self._connection.on_blocked(functools.partial(_log_blocked, "consumer"))
@@ -525,7 +516,6 @@ class Consumer:
             return
         self._done.put(job)
         with self._wake_lock:
-            self._finished += 1
             if self._wake_pending:
                 return
             self._wake_pending = True
@@ -533,22 +523,6 @@ class Consumer:
             conn.call_threadsafe(self._drain)
         except ConnectionLost:  # connection already gone: the message will be redelivered
             logger.debug("could not hand back delivery %s", delivery.tag, exc_info=True)
-
-    def _hand_back_and_pace(self, job: Job) -> None:
-        """Receiver thread: hand the job back; once half a prefetch window of finished
-        deliveries waits to be settled, wait (briefly) until the connection's thread has
-        settled them.
-
-        Without the pause a thread running fast receivers keeps the interpreter lock through
-        the whole window, so the connection's thread acks it only once it is empty and the
-        broker refills it from nothing: a round trip to the broker per window with no work
-        to overlap it. Acked at half a window, the broker sends the next half while the
-        second one runs.
-        """
-        self._hand_back(job)
-        with self._settled_cond:
-            if self._finished >= self._pace_at and self._wake_pending:
-                self._settled_cond.wait(PACE_WAIT)
 
     def _drain(self) -> None:
         """Connection thread: settle every finished delivery.
@@ -559,7 +533,6 @@ class Consumer:
         """
         with self._wake_lock:
             self._wake_pending = False
-            self._finished = 0
         acks: list[int] = []
         settled_keys: list[str | None] = []
         while True:
@@ -607,8 +580,6 @@ class Consumer:
                 self._publish_retry(delivery, action)
         if acks:
             self._ack(acks)
-        with self._settled_cond:
-            self._settled_cond.notify_all()
         if any(settled_keys):
             self._notifier.submit(functools.partial(self._limits.forget, settled_keys))
 
