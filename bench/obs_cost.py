@@ -44,6 +44,7 @@ PARTS = {
     "metrics": "metrics (prometheus-client, private registry)",
     "tracing": "tracing, AlwaysOn sampler (SDK, batch processor, dropping exporter)",
     "tracing-10%": "tracing, ParentBased(TraceIdRatioBased(0.1)) sampler",
+    "tracing-0%": "tracing, ParentBased(TraceIdRatioBased(0)): no trace recorded (the floor)",
     "both": "metrics + tracing, AlwaysOn",
     "both-10%": "metrics + tracing, 10 % sampled",
     "sdk span": "the same spans made by the SDK alone, AlwaysOn (no consumer)",
@@ -94,10 +95,10 @@ def one(part: str, path: str, n: int, rounds: int) -> list[float]:
     from django_rmq_retry.core.names import Names
     from django_rmq_retry.registry import Registry, TopicKey
 
-    sampler = "0.1" if part.endswith("10%") else None
-    if part in ("tracing", "tracing-10%", "both", "both-10%", "sdk span"):
+    sampler = "0.1" if part.endswith("10%") else "0" if part.endswith("0%") else None
+    if part.startswith(("tracing", "both", "sdk")):
         sdk(sampler)
-    if part in ("metrics", "tracing", "tracing-10%", "both", "both-10%"):
+    if part not in ("off", "sdk span", "prometheus"):
         observability.enable(
             metrics=part in ("metrics", "both", "both-10%"),
             tracing=part != "metrics",
