@@ -48,6 +48,7 @@ PARTS = {
     "both": "metrics + tracing, AlwaysOn",
     "both-10%": "metrics + tracing, 10 % sampled",
     "sdk span": "the same spans made by the SDK alone, AlwaysOn (no consumer)",
+    "sdk span 0%": "the same spans made by the SDK alone, none recorded (no consumer)",
     "prometheus": "the same metric updates by prometheus-client alone (no consumer)",
 }
 
@@ -98,7 +99,7 @@ def one(part: str, path: str, n: int, rounds: int) -> list[float]:
     sampler = "0.1" if part.endswith("10%") else "0" if part.endswith("0%") else None
     if part.startswith(("tracing", "both", "sdk")):
         sdk(sampler)
-    if part not in ("off", "sdk span", "prometheus"):
+    if part not in ("off", "prometheus") and not part.startswith("sdk"):
         observability.enable(
             metrics=part in ("metrics", "both", "both-10%"),
             tracing=part != "metrics",
@@ -134,7 +135,7 @@ def one(part: str, path: str, n: int, rounds: int) -> list[float]:
     ]
     outcome = "retried" if path == "retry" else "acked"
 
-    if part == "sdk span":
+    if part.startswith("sdk"):
         return alone_sdk(deliveries[:n], rounds, path)
     if part == "prometheus":
         return alone_prometheus(deliveries[:n], rounds, path)
@@ -254,7 +255,7 @@ def count_all(n: int, parts: list[str]) -> int:
         row = [f"{part:<12}"]
         for path in ("happy", "retry"):
             own = per[part, path]
-            alone = part in ("sdk span", "prometheus") or "off" not in parts
+            alone = part.startswith(("sdk", "prometheus")) or "off" not in parts
             row.append(f"{own:9,.0f} {own - (0 if alone else per['off', path]):+9,.0f}")
         print(" ".join(row) + f"  {PARTS[part]}")
     return 0
@@ -293,7 +294,7 @@ def main() -> int:
         row = [f"{part:<12}"]
         for path in ("happy", "retry"):
             us = results[path, part] * 1e6
-            base = 0.0 if part in ("sdk span", "prometheus") else results[path, "off"] * 1e6
+            base = 0.0 if part.startswith(("sdk", "prometheus")) else results[path, "off"] * 1e6
             row.append(f"{us:8.2f} {us - base:+8.2f}")
         print(" ".join(row) + f"  {what}")
     return 0
