@@ -14,11 +14,12 @@
 # the process), every test its own broker prefix, each part its own pytest temporary
 # directory, rabbit4 and cluster have brokers of their own, and the npm packages two legs
 # use are fetched once before they start. What stops or reconfigures a shared service runs
-# once its other users are done (see "The newest leg runs in four parts" below):
-#   phase 1   checks (ruff, import layering, migrations, mypy), oldest, newest and
-#             newest-faults, rabbit4, cluster
-#   phase 2   newest-broker (the system RabbitMQ stopped or set node-wide), from the moment
-#             oldest, newest and newest-faults are done, beside what is left of phase 1
+# once its other users are done (see "The newest leg runs in five parts" below):
+#   phase 1   checks (ruff, import layering, migrations, mypy), oldest and oldest-2, newest,
+#             newest-2 and newest-faults, rabbit4 and rabbit4-quorum, cluster
+#   phase 2   newest-broker (the system RabbitMQ stopped or set node-wide) once oldest's and
+#             newest's other parts are done, and rabbit4-node (the same for the 4.0 node)
+#             once rabbit4's are, beside what is left of phase 1
 #   phase 3   newest-db (PostgreSQL stopped), alone
 # The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
 #
@@ -103,11 +104,29 @@ tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
   # The package is installed when the env is built, below, before the legs start.
   PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$env" --skip-pkg-install -- "$@"
 }
-leg_oldest() {
-  tox_leg oldest 3.10 -m "not faults and not cluster" --ignore=tests/test_publish_many.py "$@"
+# The ordinary suite of oldest and of newest runs in two halves side by side ("oldest" and
+# "oldest-2", "newest" and "newest-2"): its tests mostly wait (consumers idling out, retry
+# delays), so two processes finish it in about half the time. The halves take the test
+# files outside tests/faults in turn, in name order; the markers still choose the tests.
+half() {  # half 0|1 [EXCLUDED_FILE...]: every other test file outside tests/faults
+  local i=0 f
+  while IFS= read -r f; do
+    [[ " ${*:2} " == *" $f "* ]] && continue
+    [ $((i % 2)) = "$1" ] && echo "$f"
+    i=$((i + 1))
+  done < <(find tests -name 'test_*.py' -not -path 'tests/faults/*' -not -path '*/node_modules/*' \
+    | LC_ALL=C sort)
 }
-# The newest leg runs in four parts. Side by side with the other legs: "newest" (the ordinary
-# suite) and "newest-faults" (the fault injection that disturbs no one else: consumers it
+oldest_half() {
+  local files
+  mapfile -t files < <(half "$1" tests/test_publish_many.py)
+  shift
+  tox_leg oldest 3.10 -m "not faults and not cluster" "${files[@]}" "$@"
+}
+leg_oldest() { oldest_half 0 "$@"; }
+leg_oldest_2() { oldest_half 1 "$@"; }
+# The newest leg runs in five parts. Side by side with the other legs: "newest" and
+# "newest-2" (the ordinary suite) and "newest-faults" (the fault injection that disturbs no one else: consumers it
 # kills are its own, rabbitmqctl touches only its own prefix's policies, users and queues or
 # connections it opened, the TLS node is private). Then, once oldest and newest are done,
 # "newest-broker": what stops the system RabbitMQ (test_broker_faults, the relay's broker
@@ -126,9 +145,14 @@ not_these() {  # pytest options that leave the given files and tests out
   done
 }
 newest() { DATABASE_URL="$PG_URL" tox_leg newest 3.13 "$@"; }
-leg_newest() {
-  newest -m "not browser and not cluster and not faults" "$@"
+newest_half() {
+  local files
+  mapfile -t files < <(half "$1")
+  shift
+  newest -m "not browser and not cluster and not faults" "${files[@]}" "$@"
 }
+leg_newest() { newest_half 0 "$@"; }
+leg_newest_2() { newest_half 1 "$@"; }
 leg_newest_faults() {
   local skip
   mapfile -t skip < <(not_these "${NEWEST_BROKER[@]}" "${NEWEST_DB[@]}")
@@ -328,11 +352,16 @@ if on rabbit4; then
   add_part rabbit4-node "rabbit4 rabbit4-quorum" leg_rabbit4_node "$(tmp rabbit4-node)" "$@"
 fi
 on cluster && add_part cluster "" leg_cluster "$(tmp cluster)" "$@"
-on oldest && add_part oldest tox-env leg_oldest "$(tmp oldest)" "$@"
+if on oldest; then
+  add_part oldest tox-env leg_oldest "$(tmp oldest)" "$@"
+  add_part oldest-2 tox-env leg_oldest_2 "$(tmp oldest-2)" "$@"
+fi
 if on newest; then
   add_part newest tox-env leg_newest "$(tmp newest)" "$@"
+  add_part newest-2 tox-env leg_newest_2 "$(tmp newest-2)" "$@"
   add_part newest-faults tox-env leg_newest_faults "$(tmp newest-faults)" "$@"
-  add_part newest-broker "oldest newest newest-faults" leg_newest_broker "$(tmp newest-broker)" "$@"
+  add_part newest-broker "oldest oldest-2 newest newest-2 newest-faults" leg_newest_broker \
+    "$(tmp newest-broker)" "$@"
   add_part newest-db ALL leg_newest_db "$(tmp newest-db)" "$@"
 fi
 # tox-env is not a part: the tox envs are built in the foreground, below, while the broker
