@@ -288,14 +288,15 @@ def test_a_receiver_queue_deleted_under_a_running_consumer_is_declared_again(rmq
     assert wait_for(lambda: all(runs(rmq, i, "done") == 1 for i in range(3)), 30)
     rmq.ch().queue_delete(queue)
 
-    def declared() -> bool:
+    def consumed_again() -> bool:
+        """Declared, bound and consumed: the consumer declares the topology, then consumes
+        (a queue that merely exists may not be bound yet: a send would come back)."""
         try:
-            rmq.depth(queue)
-            return True
+            return rmq.consumers(queue) >= 1
         except Exception:
             return False
 
-    back = wait_for(declared, 15, 0.3)
+    back = wait_for(consumed_again, 30, 0.3)
     if back:
         for i in range(3, 13):
             other.send({"id": i})
