@@ -331,9 +331,11 @@ for d in tests/foreign tests/asyncapi; do
 done
 on() { [[ " ${chosen[*]} " == *" $1 "* ]]; }
 # pytest's temporary files in a directory per part (in a shared one, pytest prunes the older
-# sessions' directories); an argument, not PYTEST_ADDOPTS, which the tests' own pytest
-# children inherit.
-tmp() { echo "--basetemp=$LOGS/tmp-$1"; }
+# sessions' directories), outside the repository (a test's own pytest child there would read
+# our pyproject.toml), kept when a part failed. An argument, not PYTEST_ADDOPTS, which the
+# tests' own pytest children inherit.
+TEST_TMP="$(mktemp -d "${TMPDIR:-/tmp}/rmq-retry-tests.XXXXXX")"
+tmp() { echo "--basetemp=$TEST_TMP/$1"; }
 
 # The parts and what each waits for ("ALL": every other part). A part whose wait includes a
 # failed part still runs: one CI run shows everything.
@@ -432,4 +434,5 @@ FAILED=()
 for name in "${PARTS[@]}"; do
   [ "${STATUS[$name]%% *}" = 0 ] || FAILED+=("$name")
 done
-[ ${#FAILED[@]} -eq 0 ] || die "failed: ${FAILED[*]}"
+[ ${#FAILED[@]} -eq 0 ] || die "failed: ${FAILED[*]} (pytest's temporary files: $TEST_TMP)"
+rm -rf "$TEST_TMP"
