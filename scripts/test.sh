@@ -117,10 +117,26 @@ half() {  # half 0|1 [EXCLUDED_FILE...]: every other test file outside tests/fau
   done < <(find tests -name 'test_*.py' -not -path 'tests/faults/*' -not -path '*/node_modules/*' \
     | LC_ALL=C sort)
 }
+# Test paths of the caller's (scripts/test.sh tests/test_x.py) replace the parts' own files:
+# the first part of oldest and of newest runs them (all of newest's markers but browser and
+# cluster), the other parts have nothing to do.
+paths_given() {
+  local a
+  for a in "$@"; do [[ "$a" != -* && -e "${a%%::*}" ]] && return 0; done
+  return 1
+}
+nothing_if_paths() {
+  paths_given "$@" || return 1
+  say "test paths given: the leg's first part runs them"
+}
 oldest_half() {
-  local files
-  mapfile -t files < <(half "$1" tests/test_publish_many.py)
+  local files=() n="$1"
   shift
+  if paths_given "$@"; then
+    [ "$n" = 0 ] || { nothing_if_paths "$@"; return 0; }
+  else
+    mapfile -t files < <(half "$n" tests/test_publish_many.py)
+  fi
   tox_leg oldest 3.10 -m "not faults and not cluster" "${files[@]}" "$@"
 }
 leg_oldest() { oldest_half 0 "$@"; }
@@ -146,20 +162,32 @@ not_these() {  # pytest options that leave the given files and tests out
 }
 newest() { DATABASE_URL="$PG_URL" tox_leg newest 3.13 "$@"; }
 newest_half() {
-  local files
-  mapfile -t files < <(half "$1")
+  local files=() n="$1"
   shift
+  if paths_given "$@"; then
+    [ "$n" = 0 ] || { nothing_if_paths "$@"; return 0; }
+    newest -m "not browser and not cluster" "$@"
+    return
+  fi
+  mapfile -t files < <(half "$n")
   newest -m "not browser and not cluster and not faults" "${files[@]}" "$@"
 }
 leg_newest() { newest_half 0 "$@"; }
 leg_newest_2() { newest_half 1 "$@"; }
 leg_newest_faults() {
   local skip
+  nothing_if_paths "$@" && return 0
   mapfile -t skip < <(not_these "${NEWEST_BROKER[@]}" "${NEWEST_DB[@]}")
   newest -m "faults and not cluster" "${skip[@]}" "$@"
 }
-leg_newest_broker() { newest -m "not cluster" "${NEWEST_BROKER[@]}" "$@"; }
-leg_newest_db() { newest -m "not cluster" "${NEWEST_DB[@]}" "$@"; }
+leg_newest_broker() {
+  nothing_if_paths "$@" && return 0
+  newest -m "not cluster" "${NEWEST_BROKER[@]}" "$@"
+}
+leg_newest_db() {
+  nothing_if_paths "$@" && return 0
+  newest -m "not cluster" "${NEWEST_DB[@]}" "$@"
+}
 
 # RabbitMQ 4.0: what differs by broker version is how queues, dead-lettering, delivery
 # limits and connection faults behave, so the suites that exercise those run here. Left to
