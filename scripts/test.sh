@@ -142,14 +142,14 @@ oldest_half() {
 leg_oldest() { oldest_half 0 "$@"; }
 leg_oldest_2() { oldest_half 1 "$@"; }
 # The newest leg runs in five parts. Side by side with the other legs: "newest" and
-# "newest-2" (the ordinary suite) and "newest-faults" (the fault injection that disturbs no one else: consumers it
-# kills are its own, rabbitmqctl touches only its own prefix's policies, users and queues or
-# connections it opened, the TLS node is private). Then, once oldest and newest are done,
-# "newest-broker": what stops the system RabbitMQ (test_broker_faults, the relay's broker
-# restart) or sets it node-wide (a memory alarm that blocks every publisher, a 1 s
-# consumer_timeout that closes every slow consumer's channel: test_adversary_broker, the
-# adversarial broker events). Last, alone: "newest-db", which stops PostgreSQL, which every leg
-# but oldest uses (test_database_down).
+# "newest-2" (the ordinary suite, in halves) and "newest-faults" (the fault injection that
+# disturbs no one else: the consumers it kills are its own, rabbitmqctl touches only its own
+# prefix's policies, users and queues or connections it opened, the TLS node is private).
+# Then, once those and oldest's parts are done, "newest-broker": what stops the system
+# RabbitMQ (test_broker_faults, the relay's broker restart) or sets it node-wide (a memory
+# alarm that blocks every publisher, a 1 s consumer_timeout that closes every slow consumer's
+# channel: test_adversary_broker, the adversarial broker events). Last, alone: "newest-db",
+# which stops PostgreSQL, which every leg but oldest uses (test_database_down).
 NEWEST_BROKER=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
   tests/adversarial/test_adversarial.py::test_adversarial_broker_events
   tests/faults/test_exactly_once.py::test_broker_restart_while_the_relay_works_loses_nothing)
@@ -330,12 +330,15 @@ summary() {
     printf '  %-14s %3dm%02ds  %s  %s\n' "$name" $((s / 60)) $((s % 60)) \
       "$([ "$rc" = 0 ] && echo ok || echo "FAILED")" "$(counts "$LOGS/$name.log" 2>/dev/null)"
   done
+  # The count tables (lost must be 0), as each part's pytest printed them.
+  local kind
   for name in "${PARTS[@]}"; do
     [ -f "$LOGS/$name.log" ] || continue
-    if grep -aq "fault-injection count table" "$LOGS/$name.log"; then
-      echo "  fault-injection count table(s) of $name:"
-      sed -n '/fault-injection count table/,/^=/p' "$LOGS/$name.log" | grep -a '^|' | sed 's/^/    /'
-    fi
+    for kind in fault-injection adversarial; do
+      grep -aq "$kind count table" "$LOGS/$name.log" || continue
+      echo "  $kind count table(s) of $name:"
+      sed -n "/$kind count table/,/^=/p" "$LOGS/$name.log" | grep -a '^|' | sed 's/^/    /'
+    done
   done
 }
 
