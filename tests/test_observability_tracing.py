@@ -163,25 +163,11 @@ def test_a_trace_not_sampled_is_followed_but_records_nothing(spans):
     receiver runs inside that trace and the retry copy carries it on, still unsampled."""
     from django_rmq_retry.conf import current_names
     from django_rmq_retry.consumer.actions import HANDLED
-    from django_rmq_retry.core.message import Message
     from django_rmq_retry.hooks import current
+    from tests.test_observability_hooks import message as make_message
 
     trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    message = Message(
-        body={},
-        raw=b"{}",
-        headers={"traceparent": f"00-{trace_id}-{span_id}-00", "other": 1},
-        routing_key="k",
-        exchange="x",
-        queue="q",
-        receiver="app.r",
-        message_id="m",
-        correlation_id=None,
-        content_type=None,
-        timestamp=None,
-        attempt=1,
-        redelivered=False,
-    )
+    message = make_message(headers={"traceparent": f"00-{trace_id}-{span_id}-00", "other": 1})
     token = current.attempt_started(message)
     inside = trace.get_current_span()
     assert not inside.is_recording()
