@@ -68,9 +68,9 @@ def nack_pauses() -> tuple[float, ...]:
     moving while a cluster node stops, a queue process restarting, or a full queue with
     ``overflow=reject-publish``. The first two pass, but not always in seconds: while a node
     stops, its queues' leaders refuse until the node is gone and the others have elected
-    new ones. On CI's three-node cluster (two cores, 2026-11-25) the nacks lasted over
-    7.5 s, the sum of the fixed pauses used before; on the same kind of host 12.5 s and
-    17.5 s while the node took 7 s and 11 s to stop. The last case raises ``NackedError`` once the wait is spent. A message routed to several
+    new ones. On CI's small three-node cluster the nacks outlasted the fixed pauses used
+    before, for longer than the node took to stop; the wait is therefore a budget in seconds.
+    The last case raises ``NackedError`` once the wait is spent. A message routed to several
     queues may be stored again in those that did take it (same ``message_id``).
     """
     return pauses_within(float(app_settings.PUBLISH_NACK_WAIT))

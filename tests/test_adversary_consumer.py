@@ -216,7 +216,7 @@ def test_a_row_met_by_a_database_lock_is_held_and_parked_whole_never_stripped(rm
     """Another connection holds SQLite's write lock past the consumer's timeout (1 s here):
     "database is locked" once counted as the database refusing the row, which was tried
     alone, then stripped of its headers and properties and parked so, as soon as the lock
-    was gone (CI, 2026-11-26). Now the row is held unacked and parked whole."""
+    was gone. Now the row is held unacked and parked whole."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = rmq.queue("alpha")
     holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)

@@ -511,7 +511,7 @@ class Consumer:
         if isinstance(job.action, StorePark):
             # Straight to the parking thread: the connection's thread has nothing to do with
             # it until the row is committed. Through it, each parked message cost one more
-            # hand-off and wake-up: 2,415-2,766 msg/s against 3,059-3,108 (bench, 2026-11-25).
+            # hand-off and wake-up, and the parking scenario of bench/run.py ran slower.
             self._submit_park(delivery, job.action)
             return
         self._done.put(job)

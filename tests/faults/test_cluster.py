@@ -87,8 +87,8 @@ def order_from(first: int) -> list[str]:
 
 
 #: Seconds this process's publisher keeps publishing a nacked message again. A stopping
-#: node's quorum queues refused publishes for 12.5 s and 17.5 s here (2026-11-25, two cores,
-#: three nodes): more than the product's default 20 s could be on a slower CI host, and these
+#: node's quorum queues refused publishes for well over ten seconds on a two-core host with
+#: three nodes: more than the product's default 20 s could be on a slower CI host, and these
 #: scenarios are about what the consumers lose, not about the publisher's patience (the
 #: notes say how long it waited).
 NACK_WAIT = 60
