@@ -93,16 +93,6 @@ class Observer(Hooks):
 
     def _fan_out(self, name: str, calls: list[Callable[..., None]]) -> Callable[..., None]:
         """One hook's dispatch, built once: each call in turn, none raising."""
-        if len(calls) == 1:
-            (call,) = calls
-
-            def one(*args: Any) -> None:
-                try:
-                    call(*args)
-                except Exception:
-                    self._failed(name)
-
-            return one
 
         def each(*args: Any) -> None:
             for call in calls:
@@ -123,6 +113,18 @@ class Observer(Hooks):
                 self._failed(hook)
         return tokens
 
+    def _ended(
+        self, hook: str, pairs: Iterable[tuple[Any, Any]], tokens: list[Any], *args: Any
+    ) -> None:
+        """Each part's ``*_ended`` with its own token, skipping parts whose start failed."""
+        for (_started, ended), part_token in zip(pairs, tokens, strict=True):
+            if part_token is FAILED:
+                continue
+            try:
+                ended(part_token, *args)
+            except Exception:
+                self._failed(hook)
+
     # Receiver attempts (receiver threads) ----------------------------------------------------
     def attempt_started(self, message: Message) -> Any:
         if not self._attempts:
@@ -136,28 +138,15 @@ class Observer(Hooks):
         started, tokens = token
         now = time.time_ns()
         took = max(0, now - started)  # the wall clock may step back
-        for (_started, ended), part_token in zip(self._attempts, tokens, strict=True):
-            if part_token is FAILED:
-                continue
-            try:
-                ended(part_token, error, action, now, took)
-            except Exception:
-                self._failed("attempt_ended")
+        self._ended("attempt_ended", self._attempts, tokens, error, action, now, took)
 
     # Sending (any thread that publishes) -----------------------------------------------------
     def send_started(self, out: Outgoing) -> Any:
         return self._started("send_started", self._sends, out) if self._sends else None
 
     def send_ended(self, token: Any, error: BaseException | None) -> None:
-        if token is None:
-            return
-        for (_started, ended), part_token in zip(self._sends, token, strict=True):
-            if part_token is FAILED:
-                continue
-            try:
-                ended(part_token, error)
-            except Exception:
-                self._failed("send_ended")
+        if token is not None:
+            self._ended("send_ended", self._sends, token, error)
 
     def stopped(self) -> None:
         """The consumer returned: not ready any more (each part that cares)."""
