@@ -38,14 +38,17 @@ def error_type_name(exc: BaseException) -> str:
     return f"{klass.__module__}.{klass.__qualname__}"
 
 
+def error_text(exc: BaseException) -> str:
+    """The exception's message, whole; a broken ``__str__`` must not break the retry path."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
+
+
 def error_summary(exc: BaseException, limit: int) -> str:
     """One line: the exception's message, truncated. Never a traceback."""
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ must not break the retry path
-        text = f"<unprintable {type(exc).__name__}>"
-    text = " ".join(text.split())
-    return truncate(text, limit)
+    return truncate(" ".join(error_text(exc).split()), limit)
 
 
 def truncate(text: str, limit: int) -> str:

@@ -35,7 +35,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..core.failure import error_type_name, traceback_text
+from ..core.failure import error_text, error_type_name, traceback_text
 from ..core.message import Message
 from ..core.names import Names
 from ..hooks import Outgoing
@@ -230,16 +230,12 @@ class Tracing(Part):
 def decided(span: Any, error: BaseException | None, action: Any) -> None:
     """The attempt's exception (an event: not an error unless parked) and decision."""
     if error is not None:
-        try:
-            text = str(error)
-        except Exception:
-            text = f"<unprintable {type(error).__name__}>"
         # What the SDK's record_exception writes, its traceback formatted once per frame.
         span.add_event(
             "exception",
             {
                 "exception.type": error_type_name(error),
-                "exception.message": text,
+                "exception.message": error_text(error),
                 "exception.stacktrace": traceback_text(error),
             },
         )
