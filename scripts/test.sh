@@ -340,6 +340,18 @@ summary() {
       sed -n "/$kind count table/,/^=/p" "$LOGS/$name.log" | grep -a '^|' | sed 's/^/    /'
     done
   done
+  # Last, so that a CI page showing only the output's tail still shows why: each failed
+  # part's pytest short summary, or the end of its log when pytest did not get that far.
+  local why
+  for name in "${PARTS[@]}"; do
+    read -r rc s <<<"${STATUS[$name]:-1 0}"
+    [ "$rc" = 0 ] && continue
+    echo "  why $name failed:"
+    why="$(grep -aE '^(FAILED|ERROR) ' "$LOGS/$name.log" 2>/dev/null | head -n 12 || true)"
+    [ -n "$why" ] || why="$(tail -n 15 "$LOGS/$name.log" 2>/dev/null || true)"
+    [ -n "$STREAM" ] && why="(see the output above)"
+    printf '%s\n' "${why:-(no log)}" | cut -c1-300 | sed 's/^/    /'
+  done
 }
 
 chosen=()
