@@ -166,11 +166,16 @@ def test_broker_restart_mid_run(rmq, procs):
         + (f", {late.strip()}" if late else ""),
     )
     assert alive, "the consumer exited instead of reconnecting:\n" + out[-3000:]
-    # Classic queues dead-letter at-most-once inside RabbitMQ (README "What is not promised"):
+    # Classic queues dead-letter at-most-once inside RabbitMQ (docs/explanation/delays.md):
     # a retry copy the broker confirmed can vanish in the delay-level hop that falls due as
-    # it stops (seen on 4.0.5 and on 3.10, 1 of 750 pairs). Tolerated there only, at most two
-    # and only among pairs that took a hop with nothing left in any queue; never with quorum.
-    assert settled or 0 < len(in_hop) <= 2, f"{lost_then[:20]}{late}\n{depths(rmq)}\n{out[-2000:]}"
+    # it stops. How many depends on how long the node takes to stop, i.e. on the host's load
+    # (one or two on a quiet host, more beside other suites), so the bound is physical, not
+    # observed: only pairs that took a hop, no more than the copies the delay levels held
+    # when the broker stopped, nothing left in any queue, and never with quorum queues. The
+    # count table shows every such loss.
+    assert settled or 0 < len(in_hop) <= waiting, (
+        f"{lost_then[:20]}{late}\n{depths(rmq)}\n{out[-2000:]}"
+    )
     assert [k for k in lost_then if k not in in_hop] == []
     assert [w for w in tally.wrong_outcome() if "got nothing" not in w] == []
     assert "connection to RabbitMQ lost" in out or "cannot reach RabbitMQ" in out, out[-3000:]
