@@ -180,3 +180,39 @@ def test_a_trace_not_sampled_is_followed_but_records_nothing(spans):
     current.attempt_ended(token, RuntimeError("boom"), HANDLED)
     assert not trace.get_current_span().get_span_context().is_valid  # detached
     assert spans.get_finished_spans() == ()
+
+
+def test_an_async_receivers_attempts_are_traced_like_a_plain_ones(
+    rmq, spans, registry_snapshot, caplog
+):
+    """``async def`` receivers: the attempt's span is current in the receiver (on the event
+    loop, across an await) and is ended where it was made current, without OpenTelemetry's
+    "Failed to detach context" (its context is attached and detached in one context)."""
+    import importlib
+    import logging
+
+    from django.core.management import call_command
+
+    from tests.testapp import async_consumers
+
+    default_registry.unregister(async_consumers.delta)
+    aio = importlib.reload(async_consumers)
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    aio.aio_topic.send({"id": 1, "fail": 1, "trace": True})
+    with caplog.at_level(logging.ERROR, logger="opentelemetry"):
+        call_command("rmq_consume", "delta", max_messages=2, max_idle_time=30, verbosity=0)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry")] == []
+
+    found = spans.get_finished_spans()
+    print(show(found))
+    process = sorted(
+        (s for s in found if s.kind is SpanKind.CONSUMER),
+        key=lambda s: s.attributes["django_rmq_retry.attempt"],
+    )
+    assert [s.attributes["django_rmq_retry.attempt"] for s in process] == [1, 2]
+    (send,) = [s for s in found if s.kind is SpanKind.PRODUCER]
+    assert {s.context.trace_id for s in process} == {send.context.trace_id}
+    assert aio.seen_spans == [(1, process[0].context.span_id), (2, process[1].context.span_id)]
+    assert [e.name for e in process[0].events] == ["exception", "retry"]
+    # Nothing of the attempts stays current in this (the consumer's) thread afterwards.
+    assert not trace.get_current_span().get_span_context().is_valid

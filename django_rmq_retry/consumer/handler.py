@@ -144,10 +144,16 @@ class Handler:
         most = self.landing_ms + self.levels.resolution_ms
         return landing_wait(due, time.time() * 1000, most, headers.get(self._due_us_header))
 
-    def prepare(self, d: Delivery) -> Action | Attempt:
+    def prepare(self, d: Delivery, *, observe: bool = True) -> Action | Attempt:
         """Everything before the receiver runs: an action when it must not run (park it),
         else the :class:`Attempt` to run. ``handle`` is ``prepare``, the receiver, then
-        ``conclude``; the async pool (``consumer.aio``) awaits the receiver in between."""
+        ``conclude``; the async pool (``consumer.aio``) awaits the receiver in between.
+
+        ``observe=False`` leaves the observability hooks to the caller (:meth:`observe`,
+        :meth:`observed`): the async pool runs ``prepare`` and ``conclude`` on database
+        threads, each in a copy of the job's context, while the hooks must start and end an
+        attempt in the one context the receiver runs in (a tracing span made current in one
+        context cannot be detached in another)."""
         headers = d.properties.get("headers") or {}
         if d.receiver is None and d.queue == self.names.dead_queue:
             return self._park_dead_letter(d, headers)
@@ -178,10 +184,23 @@ class Handler:
             if env.undecodable is not None:
                 d = replace(d, properties=without_headers(d.properties))
             return self._park(d, rec.name, env, verdict, start_key=start_key)
-        message = self._message(d, rec, env, headers, verdict)
-        hooks = self.hooks
-        token = hooks.attempt_started(message) if hooks is not None else None
-        return Attempt(d, rec, env, message, start_key, token, time.perf_counter())
+        step = Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
+        if observe:
+            self.observe(step)
+        else:
+            step.started = time.perf_counter()
+        return step
+
+    def observe(self, step: Attempt) -> None:
+        """The hooks' start of an attempt, in the context its receiver runs in."""
+        if self.hooks is not None:
+            step.token = self.hooks.attempt_started(step.message)
+        step.started = time.perf_counter()
+
+    def observed(self, step: Attempt, error: BaseException | None, action: Action) -> None:
+        """The hooks' end of an attempt, in the context :meth:`observe` ran in."""
+        if self.hooks is not None:
+            self.hooks.attempt_ended(step.token, error, action)
 
     def handle(self, d: Delivery) -> Action:
         step = self.prepare(d)
@@ -194,7 +213,9 @@ class Handler:
             current_message.reset(running)
         return self.conclude(step, error)
 
-    def conclude(self, step: Attempt, error: BaseException | None) -> Action:
+    def conclude(
+        self, step: Attempt, error: BaseException | None, *, observe: bool = True
+    ) -> Action:
         """What to do after the receiver ran (``prepare`` -> the receiver -> this)."""
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
@@ -210,7 +231,7 @@ class Handler:
             if self._operation_header in headers:  # a copy a requeue operation waits for
                 operations.report_handled(headers, self._operation_header, self._parked_id_header)
             action = Ack(start_key=start_key) if start_key is not None else HANDLED
-        if self.hooks is not None:
+        if observe and self.hooks is not None:
             self.hooks.attempt_ended(step.token, error, action)
         return action
 
@@ -469,7 +490,7 @@ class Handler:
         return StorePark(request, start_key, log_line)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Attempt:
     """A delivery whose receiver is to run now (``Handler.prepare``)."""
 
@@ -478,7 +499,7 @@ class Attempt:
     env: Envelope
     message: Message
     start_key: str | None
-    token: Any  # the observability hooks' token of this attempt
+    token: Any = None  # the observability hooks' token of this attempt (``observe``)
     started: float = 0.0  # time.perf_counter() as the receiver was about to run
 
 

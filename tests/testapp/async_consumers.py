@@ -10,6 +10,9 @@ from django_rmq_retry import Reject, Retry, Topic, receiver
 from .consumers import Boom, _log
 
 aio_topic = Topic("test.async")
+#: What each attempt saw as its current trace span, (attempt, span id), for a message whose
+#: body asks (``"trace": true``; the tracing tests run this receiver in their own process).
+seen_spans: list[tuple[int, int]] = []
 
 
 @receiver(
@@ -19,6 +22,11 @@ aio_topic = Topic("test.async")
 async def delta(message, **kwargs):
     _log("start", "delta", message)
     body = message.body if isinstance(message.body, dict) else {}
+    if body.get("trace"):
+        from opentelemetry import trace
+
+        await asyncio.sleep(0)  # the span stays current across an await
+        seen_spans.append((message.attempt, trace.get_current_span().get_span_context().span_id))
     if body.get("sleep"):
         await asyncio.sleep(float(body["sleep"]))
     if (
