@@ -63,3 +63,25 @@ ensure_debs() {
   as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
     || die "could not install ${missing[*]}; install them with apt-get (root needed)"
 }
+
+# Python X.Y's bin directory: pyenv's versions, then PATH, else installed with pyenv.
+# pyenv's shims answer `python3.10` only when that version is selected: callers get the real
+# interpreters' directories.
+PYENV_DIR="$(command -v pyenv >/dev/null && pyenv root || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
+python_dir() {
+  local d
+  for d in "$PYENV_DIR"/versions/"$1".*/bin; do
+    [ -x "$d/python$1" ] && "$d/python$1" -c pass 2>/dev/null && { echo "$d"; return 0; }
+  done
+  d="$(command -v "python$1")" && "$d" -c pass 2>/dev/null && { dirname "$d"; return 0; }
+  if command -v pyenv >/dev/null; then
+    say "installing Python $1 with pyenv" >&2
+    pyenv install -s "$1" >&2 && python_dir_installed "$1" && return 0
+  fi
+  die "python$1 is missing: install it (pyenv install $1, or your distribution's python$1)"
+}
+python_dir_installed() {
+  local d
+  for d in "$PYENV_DIR"/versions/"$1".*/bin; do [ -x "$d/python$1" ] && { echo "$d"; return 0; }; done
+  return 1
+}

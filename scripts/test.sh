@@ -7,6 +7,8 @@
 #   rabbit4   the broker-facing suites against RabbitMQ 4.0 (scripts/brokers.sh rabbit4),
 #             with classic queues and again with quorum queues
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
+#   release   the sdist and wheel in two new projects, Python 3.10 + Django 5.2 and 3.13 + 6.x,
+#             with least-privilege RabbitMQ users, as the docs say (scripts/release_check.sh)
 #
 # The legs run side by side, each part in a process of its own with its output in a log file
 # (.test-logs/NAME.log), because most tests wait on a broker and the legs share nothing a
@@ -16,10 +18,10 @@
 # use are fetched once before they start. What stops or reconfigures a shared service runs
 # once its other users are done (see "The newest leg runs in five parts" below):
 #   phase 1   checks (ruff, import layering, migrations, mypy), oldest and oldest-2, newest,
-#             newest-2 and newest-faults, rabbit4 and rabbit4-quorum, cluster
+#             newest-2 and newest-faults, rabbit4 and rabbit4-quorum, cluster, release
 #   phase 2   rabbit4-node (the 4.0 node stopped or set node-wide) once rabbit4's other parts
 #             are done; then newest-broker (the same for the system RabbitMQ) once oldest's,
-#             newest's and rabbit4's other parts are
+#             newest's, rabbit4's other parts and release are
 #   phase 3   newest-db (PostgreSQL stopped), alone
 # The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
 #
@@ -27,7 +29,7 @@
 # some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh; one leg alone streams its output
 # to the terminal). Extra arguments go to pytest (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
-ALL_LEGS="oldest newest rabbit4 cluster"
+ALL_LEGS="oldest newest rabbit4 cluster release"
 LEGS="${LEGS:-$ALL_LEGS}"
 LEGS="${LEGS//sqlite/oldest}"  # the legs' names before the support matrix
 LEGS="${LEGS//postgres/newest}"
@@ -77,26 +79,6 @@ need_postgres() {
 # Everything else runs once: the browser tests on "oldest" only, the fault injection on
 # "newest" only (its database-down scenario needs PostgreSQL), test_publish_many (publisher
 # only, no database) on "newest" only.
-# pyenv's shims answer `python3.10` only when that version is selected: tox gets the real
-# interpreters' directories in front of PATH (for its own run only).
-PYENV_DIR="$(command -v pyenv >/dev/null && pyenv root || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
-python_dir() {
-  local d
-  for d in "$PYENV_DIR"/versions/"$1".*/bin; do
-    [ -x "$d/python$1" ] && "$d/python$1" -c pass 2>/dev/null && { echo "$d"; return 0; }
-  done
-  d="$(command -v "python$1")" && "$d" -c pass 2>/dev/null && { dirname "$d"; return 0; }
-  if command -v pyenv >/dev/null; then
-    say "installing Python $1 with pyenv" >&2
-    pyenv install -s "$1" >&2 && python_dir_installed "$1" && return 0
-  fi
-  die "python$1 is missing: install it (pyenv install $1, or your distribution's python$1)"
-}
-python_dir_installed() {
-  local d
-  for d in "$PYENV_DIR"/versions/"$1".*/bin; do [ -x "$d/python$1" ] && { echo "$d"; return 0; }; done
-  return 1
-}
 tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
   local env="$1" version="$2" dir
   shift 2
@@ -277,6 +259,12 @@ leg_cluster() {
   return "$rc"
 }
 
+# The package as a new user meets it: no pytest, so with pytest arguments (a path, -k) it
+# has nothing to do.
+leg_release() {
+  [ $# -eq 0 ] || { say "pytest arguments given: nothing to do"; return 0; }
+  bash scripts/release_check.sh
+}
 
 # --- Running the parts ----------------------------------------------------------------------
 LOGS="${TEST_LOGS:-$ROOT/.test-logs}"
@@ -362,7 +350,8 @@ if leg_on newest || leg_on rabbit4 || leg_on cluster; then
   if ! need_postgres; then
     say "PostgreSQL not available: skipped the newest, rabbit4 and cluster legs (install postgresql)"
     chosen=()
-    leg_on oldest && chosen=(oldest)
+    leg_on oldest && chosen+=(oldest)
+    leg_on release && chosen+=(release)
   fi
 fi
 # What two legs would otherwise fetch at once into one directory (npm ci deletes node_modules
@@ -397,6 +386,7 @@ if on rabbit4; then
   add_part rabbit4-node "rabbit4 rabbit4-quorum" leg_rabbit4_node "$(tmp rabbit4-node)" "$@"
 fi
 on cluster && add_part cluster "" leg_cluster "$(tmp cluster)" "$@"
+on release && add_part release "" leg_release "$@"
 if on oldest; then
   add_part oldest tox-env leg_oldest "$(tmp oldest)" "$@"
   add_part oldest-2 tox-env leg_oldest_2 "$(tmp oldest-2)" "$@"
@@ -408,7 +398,7 @@ if on newest; then
   # After rabbit4-node too: its broker restart scenario tolerates what classic queues lose in
   # a dead-letter hop as the broker stops, which grows with the load at that moment (beside
   # rabbit4-node's own restarts and requeues it went past what the test allows).
-  add_part newest-broker "oldest oldest-2 newest newest-2 newest-faults rabbit4-node" \
+  add_part newest-broker "oldest oldest-2 newest newest-2 newest-faults rabbit4-node release" \
     leg_newest_broker "$(tmp newest-broker)" "$@"
   add_part newest-db ALL leg_newest_db "$(tmp newest-db)" "$@"
 fi
