@@ -13,7 +13,8 @@ RSS (VmHWM). Configurations:
 
 Each worker's prefetch is its concurrency (at least ``PREFETCH``), so none waits for the
 broker between messages. The peers need ``pip install --group peers`` (gevent included); without them their
-rows say "skipped".
+rows say "skipped". ``BENCH_IO_ONLY`` (keys of ``CONFIGS``, comma-separated) runs only those,
+for an A/B of one row (``ours-threads-1`` alone takes N × 50 ms).
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def io(run: Run) -> list[Row]:
 
         peers = Peers(run)
     results: dict[str, tuple[float, float]] = {}
+    only = {k for k in os.environ.get("BENCH_IO_ONLY", "").split(",") if k}
     try:
         for key, label, kind, concurrency in CONFIGS:
-            if ":" in kind and peers is None:
+            if (":" in kind and peers is None) or (only and key not in only):
                 continue
             t = _one(run, peers, key, kind, concurrency, n)
             if t.calls and t.calls != n:
