@@ -23,7 +23,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from functools import partial
 from queue import SimpleQueue
 from typing import Any, cast
 
@@ -121,12 +120,11 @@ class AsyncPool:
         self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{name}-db")
         # asgiref only needs an Executor's submit(); its hints name ThreadPoolExecutor.
         db = cast(ThreadPoolExecutor, self._db)
-        # The observability hooks are the caller's (``_process``): see ``Handler.prepare``.
         self._prepare = sync_to_async(
-            _db_unit(partial(handler.prepare, observe=False)), thread_sensitive=False, executor=db
+            _db_unit(handler.prepare), thread_sensitive=False, executor=db
         )
         self._conclude = sync_to_async(
-            _db_unit(partial(handler.conclude, observe=False)), thread_sensitive=False, executor=db
+            _db_unit(handler.conclude), thread_sensitive=False, executor=db
         )
         self._held: dict[int, Job] = {}  # in the landing (event loop's thread only)
         self._running = 0

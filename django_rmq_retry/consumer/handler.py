@@ -144,16 +144,16 @@ class Handler:
         most = self.landing_ms + self.levels.resolution_ms
         return landing_wait(due, time.time() * 1000, most, headers.get(self._due_us_header))
 
-    def prepare(self, d: Delivery, *, observe: bool = True) -> Action | Attempt:
+    def prepare(self, d: Delivery) -> Action | Attempt:
         """Everything before the receiver runs: an action when it must not run (park it),
-        else the :class:`Attempt` to run. ``handle`` is ``prepare``, the receiver, then
-        ``conclude``; the async pool (``consumer.aio``) awaits the receiver in between.
+        else the :class:`Attempt` to run. ``handle`` is ``prepare``, :meth:`observe`, the
+        receiver, ``conclude``, then :meth:`observed`; the async pool (``consumer.aio``)
+        awaits the receiver in between.
 
-        ``observe=False`` leaves the observability hooks to the caller (:meth:`observe`,
-        :meth:`observed`): the async pool runs ``prepare`` and ``conclude`` on database
-        threads, each in a copy of the job's context, while the hooks must start and end an
-        attempt in the one context the receiver runs in (a tracing span made current in one
-        context cannot be detached in another)."""
+        The observability hooks are not called here nor in ``conclude``: the async pool
+        runs those two on database threads, each in a copy of the job's context, while the
+        hooks must start and end an attempt in the one context the receiver runs in (a
+        tracing span made current in one context cannot be detached in another)."""
         headers = d.properties.get("headers") or {}
         if d.receiver is None and d.queue == self.names.dead_queue:
             return self._park_dead_letter(d, headers)
@@ -184,15 +184,11 @@ class Handler:
             if env.undecodable is not None:
                 d = replace(d, properties=without_headers(d.properties))
             return self._park(d, rec.name, env, verdict, start_key=start_key)
-        step = Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
-        if observe:
-            self.observe(step)
-        else:
-            step.started = time.perf_counter()
-        return step
+        return Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
 
     def observe(self, step: Attempt) -> None:
-        """The hooks' start of an attempt, in the context its receiver runs in."""
+        """The hooks' start of an attempt, in the context its receiver runs in, just before
+        it runs."""
         if self.hooks is not None:
             step.token = self.hooks.attempt_started(step.message)
         step.started = time.perf_counter()
@@ -206,16 +202,17 @@ class Handler:
         step = self.prepare(d)
         if not isinstance(step, Attempt):
             return step
+        self.observe(step)
         running = current_message.set(step.message)  # the receiver's log lines name it
         try:
             error = self.attempt(step.receiver, step.message)
         finally:
             current_message.reset(running)
-        return self.conclude(step, error)
+        action = self.conclude(step, error)
+        self.observed(step, error, action)
+        return action
 
-    def conclude(
-        self, step: Attempt, error: BaseException | None, *, observe: bool = True
-    ) -> Action:
+    def conclude(self, step: Attempt, error: BaseException | None) -> Action:
         """What to do after the receiver ran (``prepare`` -> the receiver -> this)."""
         # The delivery-limit row (start_key) is deleted only once the delivery is settled:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
@@ -231,8 +228,6 @@ class Handler:
             if self._operation_header in headers:  # a copy a requeue operation waits for
                 operations.report_handled(headers, self._operation_header, self._parked_id_header)
             action = Ack(start_key=start_key) if start_key is not None else HANDLED
-        if observe and self.hooks is not None:
-            self.hooks.attempt_ended(step.token, error, action)
         return action
 
     def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
