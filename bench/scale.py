@@ -335,7 +335,7 @@ def bulk(timer: Timer) -> None:
     from django_rmq_retry.admin import ParkedMessageAdmin
     from django_rmq_retry.models import ParkedMessage, ParkedStatus
 
-    requeue_module = sys.modules["django_rmq_retry.parking.requeue"]
+    requeue_module = sys.modules["django_rmq_retry.parking.requeuing"]
 
     def post(action: str, query: dict[str, str], pk: int) -> float:
         data = {"action": action, "_selected_action": [str(pk)], "index": "0", "select_across": "1"}

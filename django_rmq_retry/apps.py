@@ -25,6 +25,6 @@ class RmqRetryConfig(SimpleRmqRetryConfig):
 
     def ready(self) -> None:
         super().ready()
-        from .discovery import autodiscover
+        from .registry.discovery import autodiscover
 
         autodiscover()

@@ -22,9 +22,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from .conf import DEFAULTS, RETRY_KEYS, SETTING_NAME, app_settings
 from .core.backoff import Policy
 from .core.delays import DelayLevels
-from .core.topology import QUORUM_DELIVERY_LIMIT, permissions
-from .discovery import LEGACY_MODULE
-from .tables import MIGRATE, unapplied_migrations
+from .core.topology_plan import QUORUM_DELIVERY_LIMIT, permissions
+from .db.tables import MIGRATE, unapplied_migrations
+from .registry.discovery import LEGACY_MODULE
 
 ID = "django_rmq_retry"
 #: Our checks' tag (not Django's ``compatibility``, which means Django upgrade notes).

@@ -18,7 +18,7 @@ from django.dispatch import receiver as django_receiver
 
 from .core.delays import DelayLevels
 from .core.names import Names
-from .core.topology import Plan, QueueOwner, plan
+from .core.topology_plan import Plan, QueueOwner, plan
 
 SETTING_NAME = "RMQ_RETRY"
 

@@ -23,7 +23,7 @@ from .core.message import Message
 
 
 @dataclass(slots=True)
-class Outgoing:
+class SendEvent:
     """One ``send`` (or ``send_many`` of ``count`` bodies) as the hooks see it."""
 
     routing_key: str
@@ -73,7 +73,7 @@ class Hooks:
         """The parking thread committed ``size`` rows; the oldest waited ``lag_seconds``
         between its receiver's decision and the commit."""
 
-    def send_started(self, out: Outgoing) -> Any:
+    def send_started(self, out: SendEvent) -> Any:
         """A ``send`` is about to publish (or write its outbox row(s)): may add headers.
         What it returns is handed back to :meth:`send_ended`."""
         return None
@@ -82,7 +82,7 @@ class Hooks:
         """The ``send`` returned (``error``: what it raised)."""
 
     @contextlib.contextmanager
-    def sending(self, out: Outgoing) -> Iterator[None]:
+    def sending(self, out: SendEvent) -> Iterator[None]:
         """:meth:`send_started` and :meth:`send_ended` around the ``with`` block."""
         token = self.send_started(out)
         try:

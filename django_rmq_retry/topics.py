@@ -14,7 +14,7 @@ from django.db import transaction
 from . import hooks as _hooks
 from .conf import app_settings
 from .core.backoff import Policy
-from .publishing import PublishResult, encode_body, get_publisher
+from .publishing.publisher import PublishResult, encode_body, get_publisher
 from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
 
 
@@ -56,7 +56,7 @@ class Topic(TopicKey):
         hooks = _hooks.current
         if hooks is not None:  # observability: a trace context into the headers, counts
             headers = dict(headers or {})
-            out = _hooks.Outgoing(
+            out = _hooks.SendEvent(
                 self.routing_key, headers, self.uses_outbox(outbox), properties=properties
             )
             with hooks.sending(out):
@@ -99,7 +99,7 @@ class Topic(TopicKey):
         if hooks is not None:  # observability: one trace context for the batch, counts
             bodies = list(bodies)
             headers = kwargs["headers"] = dict(kwargs.get("headers") or {})
-            out = _hooks.Outgoing(
+            out = _hooks.SendEvent(
                 self.routing_key, headers, self.uses_outbox(outbox), count=len(bodies)
             )
             with hooks.sending(out):

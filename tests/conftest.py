@@ -26,7 +26,7 @@ from django.test import override_settings
 
 from django_rmq_retry.conf import current_plan
 from django_rmq_retry.core.names import Names
-from django_rmq_retry.publishing import reset_publisher
+from django_rmq_retry.publishing.publisher import reset_publisher
 from django_rmq_retry.registry import default_registry
 
 #: Our own users' fixture (``rmq_broker``), tested as they would use it.
@@ -277,7 +277,7 @@ def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 def timed_pauses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     """Each pause ``publishing`` takes after a nack, really waited: ``(start, seconds)``
     with ``time.monotonic()`` starts (to check them against a deadline)."""
-    from django_rmq_retry import publishing
+    from django_rmq_retry.publishing import publisher
 
     pauses: list[tuple[float, float]] = []
 
@@ -285,7 +285,7 @@ def timed_pauses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
         pauses.append((time.monotonic(), seconds))
         time.sleep(seconds)
 
-    monkeypatch.setattr(publishing, "_pause", pause)
+    monkeypatch.setattr(publisher, "_pause", pause)
     return pauses
 
 

@@ -21,9 +21,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_rmq_retry.admin import ParkedMessageAdmin
-from django_rmq_retry.admin import operations as admin_module
+from django_rmq_retry.admin import parked_actions as admin_module
+from django_rmq_retry.admin.preview import body_preview, hex_dump
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus, RetryPolicy
-from django_rmq_retry.preview import body_preview, hex_dump
 from tests.testapp.events import work
 
 ALPHA = "tests.testapp.consumers.alpha"
@@ -385,7 +385,7 @@ def test_broker_down_leaves_rows_parked_with_one_readable_error(rmq, client, set
         "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/%2F",  # nothing listens on port 1
         "CONNECT_TIMEOUT": 2,
     }
-    from django_rmq_retry.publishing import reset_publisher
+    from django_rmq_retry.publishing.publisher import reset_publisher
 
     reset_publisher()
     client.force_login(operator("requeue_parkedmessage"))

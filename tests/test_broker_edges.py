@@ -14,8 +14,9 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.test import override_settings
 
-from django_rmq_retry import PublishError, Topic, UnroutableError, publishing
-from django_rmq_retry.publishing import get_publisher
+from django_rmq_retry import PublishError, Topic, UnroutableError
+from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing.publisher import get_publisher
 from tests.conftest import rabbitmqctl_cmd, read_log, start_consumer, wait_for
 from tests.testapp.events import other
 
@@ -76,7 +77,7 @@ def test_publisher_recovers_after_its_connection_is_closed_by_the_broker(
 ):
     # "polled": the idle check notices the dead connection before the publish; "not-polled"
     # (a busy publisher skips the check): the publish itself fails, reconnects, publishes.
-    monkeypatch.setattr(publishing, "_IDLE_CHECK_AFTER", idle_check_after)
+    monkeypatch.setattr(publisher, "_IDLE_CHECK_AFTER", idle_check_after)
     call_command("rmq_consume", setup_only=True, verbosity=0)
     other.send({"id": 1})
     name = f"django-rmq-retry publisher {rmq.prefix} pid {os.getpid()}"
@@ -133,7 +134,7 @@ def test_unreachable_broker_is_one_clear_line_without_the_password(rmq):
         with pytest.raises(CommandError) as info:
             call_command("rmq_consume", "gamma", fail_fast=True, verbosity=0)
         with pytest.raises(PublishError) as pub:
-            from django_rmq_retry.publishing import Publisher
+            from django_rmq_retry.publishing.publisher import Publisher
 
             Publisher()._send_bodies("x", [{}])
     for text in (str(info.value), str(pub.value)):

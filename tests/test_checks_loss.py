@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from django_rmq_retry.checks import BROKER_MAX_TTL_MS, check_settings
 from django_rmq_retry.core.delays import DelayLevels
-from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
+from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 
 
 def _messages(conf):

@@ -10,10 +10,10 @@ from django.apps import apps
 from django.core import checks
 from django.test import override_settings
 
-from django_rmq_retry import discovery
 from django_rmq_retry.checks import TAG, check_settings
 from django_rmq_retry.conf import app_settings
-from django_rmq_retry.core.topology import permissions
+from django_rmq_retry.core.topology_plan import permissions
+from django_rmq_retry.registry import discovery
 
 
 def _ids(messages):

@@ -269,7 +269,7 @@ def test_the_hint_for_a_known_receiver_without_a_queue_says_to_declare_it():
 def test_without_the_app_in_installed_apps_the_hints_say_to_add_it(settings):
     """A project that imports Topic but forgot INSTALLED_APPS: the hints must not name
     commands its manage.py does not have."""
-    from django_rmq_retry.publishing import _undeclared_hint
+    from django_rmq_retry.publishing.publisher import _undeclared_hint
     from django_rmq_retry.registry import default_registry
 
     installed = [app for app in settings.INSTALLED_APPS if app != "django_rmq_retry"]
@@ -405,7 +405,7 @@ def test_list_says_up_to_for_jittered_delays(settings):
 @pytest.mark.django_db(transaction=True)
 def test_a_send_before_the_topology_is_declared_says_to_run_rmq_setup(rmq, settings):
     from django_rmq_retry.core.errors import PublishError
-    from django_rmq_retry.publishing import reset_publisher
+    from django_rmq_retry.publishing.publisher import reset_publisher
     from tests.testapp.events import other
 
     settings.RMQ_RETRY = {**settings.RMQ_RETRY, "DECLARE_ON_SEND": False}

@@ -12,7 +12,7 @@ from django_rmq_retry import broker
 from django_rmq_retry.conf import broker_urls
 from django_rmq_retry.core.errors import BrokerUnavailable
 from django_rmq_retry.core.failover import connect_order
-from django_rmq_retry.publishing import Publisher
+from django_rmq_retry.publishing.publisher import Publisher
 from tests.conftest import BROKER_URL, read_log, start_consumer, wait_for
 from tests.test_broker_edges import close_connections
 from tests.testapp.events import other

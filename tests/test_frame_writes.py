@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from django_rmq_retry.broker.pikaext import JOIN_LIMIT, join
-from django_rmq_retry.publishing import get_publisher
+from django_rmq_retry.publishing.publisher import get_publisher
 from tests.testapp.events import other
 
 

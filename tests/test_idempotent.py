@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_rmq_retry.inbox import message_key
+from django_rmq_retry.consumer.inbox import message_key
 from django_rmq_retry.models import InboxEntry
 from django_rmq_retry.testing import InMemoryBroker
 from tests.conftest import BROKER_URL, read_log

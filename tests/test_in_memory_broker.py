@@ -8,7 +8,7 @@ import pytest
 from django.test import TestCase
 
 from django_rmq_retry import Reject, Topic, receiver, signals
-from django_rmq_retry.core.topology import Binding, Plan, QueueSpec
+from django_rmq_retry.core.topology_plan import Binding, Plan, QueueSpec
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.registry import dotted_path
 from django_rmq_retry.testing import InMemoryBroker

@@ -57,7 +57,7 @@ def test_a_renamed_receivers_old_queue_is_reported_and_deleted_on_request(
     )
     assert "1 orphan queue(s)" in listed
     assert old_queue in _run("rmq_consume", list=True)
-    with caplog.at_level(logging.WARNING, logger="django_rmq_retry.orphans"):
+    with caplog.at_level(logging.WARNING, logger="django_rmq_retry.management.orphans"):
         call_command("rmq_consume", max_idle_time=0.5, verbosity=0, stdout=StringIO())
     assert any(old_queue in r.getMessage() for r in caplog.records), caplog.text
     assert rmq.depth(old_queue) == 1  # reporting never deletes

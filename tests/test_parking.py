@@ -25,11 +25,11 @@ from django_rmq_retry.conf import current_names
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus
-from django_rmq_retry.publishing import get_publisher
+from django_rmq_retry.publishing.publisher import get_publisher
 from tests.conftest import BROKER_URL, ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 
-requeue_module = importlib.import_module("django_rmq_retry.parking.requeue")
+requeue_module = importlib.import_module("django_rmq_retry.parking.requeuing")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -364,7 +364,7 @@ def test_two_concurrent_requeues_never_publish_a_row_twice(rmq):
     def run():
         from django.db import connections
 
-        from django_rmq_retry.publishing import Publisher
+        from django_rmq_retry.publishing.publisher import Publisher
 
         try:
             barrier.wait()

@@ -18,8 +18,8 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_rmq_retry.core.errors import PublishError, TopologyError
-from django_rmq_retry.core.topology import permissions
-from django_rmq_retry.publishing import reset_publisher
+from django_rmq_retry.core.topology_plan import permissions
+from django_rmq_retry.publishing.publisher import reset_publisher
 from tests.conftest import BROKER_URL, rabbitmqctl_cmd, read_log, start_consumer
 from tests.testapp.events import other
 
@@ -37,7 +37,7 @@ def _vhost() -> str:
 
 @pytest.fixture
 def users(rmq) -> Iterator[dict[str, str]]:
-    """A user per kind of process, with the permissions core.topology.permissions states."""
+    """A user per kind of process, with the permissions core.topology_plan.permissions states."""
     if shutil.which(rabbitmqctl_cmd()[0]) is None:
         pytest.skip("rabbitmqctl is not available")
     made, urls = [], {}

@@ -10,10 +10,10 @@ import time
 import pytest
 from django.core.management import call_command
 
-from django_rmq_retry import publishing
 from django_rmq_retry.broker import Outgoing
 from django_rmq_retry.core.errors import PublishError
-from django_rmq_retry.publishing import Publisher
+from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing.publisher import Publisher
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
@@ -76,7 +76,7 @@ def test_a_nack_mid_stream_is_published_again_and_stored_once(rmq, monkeypatch):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _queue(rmq, 50)
     drained: list[str] = []
-    monkeypatch.setattr(publishing, "_pause", lambda _s: drained.extend(_stored_ids(rmq, queue)))
+    monkeypatch.setattr(publisher, "_pause", lambda _s: drained.extend(_stored_ids(rmq, queue)))
     batches = _batches(queue, [40] * 6)
     answered: list[list[Outgoing]] = []
     try:
@@ -94,7 +94,7 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _queue(rmq, 5)
     pauses: list[float] = []
-    monkeypatch.setattr(publishing, "_pause", pauses.append)
+    monkeypatch.setattr(publisher, "_pause", pauses.append)
     batches = _batches(queue, [4, 4, 4])
     answered: list[list[Outgoing]] = []
     try:
@@ -105,7 +105,7 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
         assert [item.state for item in items].count("nack") == 7  # answered: refused
         assert sorted(_stored_ids(rmq, queue)) == sorted(i.message_id for i in items if i.confirmed)
         # Each batch with nacks got nack_pauses() at most (three batches).
-        assert 0 < len(pauses) <= 3 * len(publishing.nack_pauses())
+        assert 0 < len(pauses) <= 3 * len(publisher.nack_pauses())
     finally:
         rmq.ch().queue_delete(queue)
 

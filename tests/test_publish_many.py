@@ -15,7 +15,7 @@ from django_rmq_retry import PublishError
 from django_rmq_retry.broker import Outgoing
 from django_rmq_retry.conf import app_settings
 from django_rmq_retry.core.errors import NackedError, UnroutableError
-from django_rmq_retry.publishing import BATCH_WINDOW, get_publisher
+from django_rmq_retry.publishing.publisher import BATCH_WINDOW, get_publisher
 from tests.testapp.events import other, work
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -148,7 +148,7 @@ def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch)
     """A nack is the broker unable to store *now* (a leader moving, a full queue): send and
     send_many publish the nacked message again after a pause; once room is made, it is stored
     exactly once and the call returns normally."""
-    from django_rmq_retry import publishing
+    from django_rmq_retry.publishing import publisher as publisher_module
 
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 3)
@@ -158,7 +158,7 @@ def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch)
     def make_room(_pause: float) -> None:  # the pause is when the queue gets consumed
         drained.extend(rmq.get_all(queue))
 
-    monkeypatch.setattr(publishing, "_pause", make_room)
+    monkeypatch.setattr(publisher_module, "_pause", make_room)
     try:
         publisher._send_bodies("bounded.key", [{"id": i} for i in range(3)])  # fills it
         single = publisher._send_bodies("bounded.key", [{"id": "single"}])[0]
@@ -173,17 +173,17 @@ def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch)
 
 
 def test_a_nack_that_lasts_raises_after_the_bounded_pauses(rmq, monkeypatch):
-    from django_rmq_retry import publishing
+    from django_rmq_retry.publishing import publisher
 
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 1)
     pauses: list[float] = []
-    monkeypatch.setattr(publishing, "_pause", pauses.append)
+    monkeypatch.setattr(publisher, "_pause", pauses.append)
     try:
         first = get_publisher()._send_bodies("bounded.key", [{"id": 0}])[0]
         with pytest.raises(NackedError):
             get_publisher()._send_bodies("bounded.key", [{"id": 1}])[0]
-        assert pauses == list(publishing.nack_pauses())
+        assert pauses == list(publisher.nack_pauses())
         assert sum(pauses) == pytest.approx(app_settings.PUBLISH_NACK_WAIT)
         assert _ids(rmq.get_all(queue)) == [first.message_id]
     finally:

@@ -21,10 +21,11 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_rmq_retry import Topic, parking, publishing
+from django_rmq_retry import Topic, parking
 from django_rmq_retry.models import OutboxMessage, ParkedMessage
 from django_rmq_retry.outbox import publish_pending, relay
-from django_rmq_retry.publishing import PublishResult
+from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing.publisher import PublishResult
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -63,7 +64,7 @@ def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 
 class HeldPause:
-    """``publishing._pause`` made to hold its thread until released: a thread in it is
+    """``publisher._pause`` made to hold its thread until released: a thread in it is
     provably inside a nack pause."""
 
     def __init__(self) -> None:
@@ -97,7 +98,7 @@ def test_a_send_completes_while_another_thread_waits_out_nack_pauses(rmq, monkey
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 1)
     pause = HeldPause()
-    monkeypatch.setattr(publishing, "_pause", pause)
+    monkeypatch.setattr(publisher, "_pause", pause)
     try:
         bounded.send({"id": "filler"})  # the queue is full: the next publish is nacked
         stuck, stuck_outcome = _in_thread(lambda: bounded.send({"id": "stuck"}))
@@ -124,7 +125,7 @@ def test_a_send_completes_while_a_requeue_waits_out_nack_pauses(rmq, monkeypatch
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 2)  # the filler and one copy
     pause = HeldPause()
-    monkeypatch.setattr(publishing, "_pause", pause)
+    monkeypatch.setattr(publisher, "_pause", pause)
     ParkedMessage.objects.bulk_create(
         [
             ParkedMessage(
@@ -209,12 +210,12 @@ def test_each_thread_has_its_own_connection_closed_when_the_thread_ends(rmq):
 
     def send() -> None:
         other.send({"id": "from-thread"})
-        seen.append(publishing.get_publisher()._connection)
+        seen.append(publisher.get_publisher()._connection)
 
     thread, outcome = _in_thread(send)
     thread.join(GUARD)
     other.send({"id": "from-main"})
-    mine = publishing.get_publisher()._connection
+    mine = publisher.get_publisher()._connection
     assert outcome == [None]
     assert seen[0] is not mine
     assert not seen[0].is_open  # closed as its thread ended

@@ -24,15 +24,16 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
-from django_rmq_retry import PublishError, parking, publishing
+from django_rmq_retry import PublishError, parking
 from django_rmq_retry.broker import confirms
 from django_rmq_retry.core.errors import MessageRefused
 from django_rmq_retry.models import OutboxMessage, OutboxStatus, ParkedMessage
 from django_rmq_retry.outbox import publish_all
+from django_rmq_retry.publishing import publisher
 from tests.testapp.events import other
 
 #: The requeue module (``parking.requeue`` is the function of the same name).
-requeue_module = importlib.import_module("django_rmq_retry.parking.requeue")
+requeue_module = importlib.import_module("django_rmq_retry.parking.requeuing")
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
@@ -80,11 +81,11 @@ def test_send_many_refuses_the_culprit_and_publishes_the_others_once(rmq, where,
     """``send_many``'s pipeline (``Publisher._publish``) with the culprit in the middle of
     one batch (``send_many`` itself shares one set of properties: its items are built here)."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
-    items = publishing.outgoing("test.other", [{"id": i} for i in range(50)])
-    culprit = publishing.outgoing("test.other", [{"id": "culprit"}], **_kwargs(bad))[0]
+    items = publisher.outgoing("test.other", [{"id": i} for i in range(50)])
+    culprit = publisher.outgoing("test.other", [{"id": "culprit"}], **_kwargs(bad))[0]
     items.insert(25, culprit)
     with pytest.raises(MessageRefused) as info:
-        publishing.get_publisher()._publish(items)
+        publisher.get_publisher()._publish(items)
     assert repr(culprit.message_id) in str(info.value)
     assert info.value.failed == [culprit.message_id]
     assert len(info.value.confirmed) == 50
@@ -217,11 +218,11 @@ def test_a_message_to_an_exchange_refused_with_403_is_found_and_the_rest_flow(rm
     call_command("rmq_consume", setup_only=True, verbosity=0)
     internal = f"{rmq.prefix}.internal"
     rmq.ch().exchange_declare(internal, "topic", internal=True, auto_delete=True)
-    items = publishing.outgoing("test.other", [{"id": i} for i in range(20)])
-    culprit = publishing.outgoing("test.other", [{"id": "culprit"}], exchange=internal)[0]
+    items = publisher.outgoing("test.other", [{"id": i} for i in range(20)])
+    culprit = publisher.outgoing("test.other", [{"id": "culprit"}], exchange=internal)[0]
     items.insert(10, culprit)
     with pytest.raises(MessageRefused, match="403") as info:
-        publishing.get_publisher()._publish(items)
+        publisher.get_publisher()._publish(items)
     assert info.value.failed == [culprit.message_id]
     ids, count = _counted(rmq, rmq.queue("gamma"))
     assert _first_seen(ids) == list(range(20))

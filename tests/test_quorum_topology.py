@@ -20,7 +20,7 @@ from django_rmq_retry.core.backoff import Policy
 from django_rmq_retry.core.deadletter import last_death
 from django_rmq_retry.core.delays import DelayLevels
 from django_rmq_retry.core.names import Names
-from django_rmq_retry.core.topology import (
+from django_rmq_retry.core.topology_plan import (
     DEAD_QUEUE_DELIVERY_LIMIT,
     QUORUM_DELIVERY_LIMIT,
     plan,

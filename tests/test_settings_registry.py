@@ -14,7 +14,7 @@ from django_rmq_retry.checks import check_settings
 from django_rmq_retry.conf import DEFAULTS, app_settings
 from django_rmq_retry.core.outcome import ParkReason
 from django_rmq_retry.models import ParkedMessage
-from django_rmq_retry.publishing import build_properties, encode_body
+from django_rmq_retry.publishing.publisher import build_properties, encode_body
 from django_rmq_retry.registry import Registry, default_registry
 
 

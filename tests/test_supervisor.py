@@ -120,7 +120,7 @@ def test_processes_must_be_positive(rmq):
 
 # The children's entry point -------------------------------------------------------------------
 def test_entry_point_is_how_the_parent_was_started(monkeypatch):
-    from django_rmq_retry.supervisor import entry_point
+    from django_rmq_retry.management.supervisor import entry_point
 
     exe = sys.executable
     argv = ["manage.py", "rmq_consume", "--processes", "2"]

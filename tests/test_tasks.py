@@ -24,7 +24,7 @@ if django.VERSION >= (6, 0):
 
     from django_rmq_retry.models import ParkedMessage, TaskResultRecord
     from django_rmq_retry.parking import requeue
-    from django_rmq_retry.tasks.wire import amqp_priority
+    from django_rmq_retry.tasks.task_message import amqp_priority
     from django_rmq_retry.testing import InMemoryBroker
     from tests.conftest import wait_for
     from tests.tasksproject import tasks as t

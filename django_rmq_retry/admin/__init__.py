@@ -5,18 +5,21 @@ Every action calls the service functions in :mod:`django_rmq_retry.parking`, the
 Everything shown from a message (body, headers, errors) goes through Django's escaping.
 
 One module per page: :mod:`.changelist` (list, filters, search), :mod:`.detail` (one
-message and its history), :mod:`.operations` (requeue, discard), :mod:`.dashboard`
-(failure groups), :mod:`.policies` (retry policy overrides); :mod:`.parked` puts the
-parked-message admin together and registers it.
+message and its history), :mod:`.parked_actions` (requeue, republish, discard),
+:mod:`.edit_page` (edit once, then requeue), :mod:`.requeue_operations` (ramped and canary
+requeues, with their progress), :mod:`.dashboard` (failure groups), :mod:`.retry_policies`
+(retry policy overrides), :mod:`.outbox` (rows waiting to be published, and those held),
+:mod:`.tasks` (task results); :mod:`.parked` puts the parked-message admin together and
+registers it. :mod:`.preview` shows a body to an operator.
 """
 
 from __future__ import annotations
 
-from .. import admin_outbox  # noqa: F401  (the outbox's admin registers itself)
+from . import outbox  # noqa: F401  (the outbox's admin registers itself)
 from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
 from .parked import ParkedMessageAdmin
-from .policies import RetryPolicyAdmin, RetryPolicyForm
-from .progress import RequeueOperationAdmin
+from .requeue_operations import RequeueOperationAdmin
+from .retry_policies import RetryPolicyAdmin, RetryPolicyForm
 from .tasks import TaskResultRecordAdmin
 
 __all__ = [

@@ -20,8 +20,8 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import current_names
 from ..core import history
 from ..models import ParkedMessage, ParkedStatus
-from ..preview import body_preview
 from .common import _error_type_label, _pretty, _when
+from .preview import body_preview
 
 
 class DetailMixin(admin.ModelAdmin):

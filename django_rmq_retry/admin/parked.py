@@ -13,9 +13,9 @@ from ..models import ParkedMessage, ParkedStatus
 from .changelist import CappedPaginator, ChangelistMixin, IndexedValuesFilter
 from .dashboard import DashboardMixin
 from .detail import DetailMixin
-from .edit import EditMixin
+from .edit_page import EditMixin
 from .filters import AttemptsFilter, FailedBetweenFilter, ParkedBetweenFilter
-from .operations import OperationsMixin
+from .parked_actions import OperationsMixin
 
 
 @admin.register(ParkedMessage)

@@ -22,8 +22,8 @@ from ..conf import app_settings
 from ..core.errors import ConnectionLost, MessageRefused
 from ..core.header_budget import properties_room
 from .connection import Connection
-from .errors import LOST, describe, refusal
 from .pikaext import FrameWriter, async_channel
+from .translate import LOST, describe, refusal
 from .wire import Encoded, decode_properties, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")

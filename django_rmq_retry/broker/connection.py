@@ -2,7 +2,7 @@
 
 A :class:`Connection` belongs to the thread that opened it (pika's rule); other threads only
 hand it work with :meth:`Connection.call_threadsafe`. Every call translates pika's errors
-into ours (``broker.errors``), and deliveries reach the caller as plain values, so nothing
+into ours (``broker.translate``), and deliveries reach the caller as plain values, so nothing
 outside this package ever sees a pika object.
 """
 
@@ -23,11 +23,11 @@ from ..conf import app_settings, broker_urls
 from ..core.envelope import PROPERTY_NAMES
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
 from ..core.failover import connect_order
-from ..core.topology import Plan
+from ..core.topology_plan import Plan
 from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
 from . import headerguard, pikaext
-from .errors import LOST, describe, translated
 from .topology import declare
+from .translate import LOST, describe, translated
 
 logger = logging.getLogger("django_rmq_retry.broker")
 

@@ -1,4 +1,4 @@
-"""Declare a topology plan (``core.topology.plan``) on a channel. Idempotent: safe on every
+"""Declare a topology plan (``core.topology_plan.plan``) on a channel. Idempotent: safe on every
 start. A queue or exchange that exists with other arguments is named in the error.
 
 Least privilege: declaring an exchange or a queue needs RabbitMQ's *configure* permission,
@@ -15,7 +15,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pika.exchange_type import ExchangeType
 
 from ..core.errors import TopologyError
-from ..core.topology import Plan
+from ..core.topology_plan import Plan
 
 
 def declare(channel: BlockingChannel, the_plan: Plan) -> None:

@@ -30,7 +30,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from ..core.unit_threads import db_executor
-from ..threads import start_daemon
+from ..db.threads import start_daemon
 from .actions import Action, Delivery, Release
 from .handler import Attempt, Handler, is_async
 from .pool import CANCELLED, PENDING, RUNNING, DaemonPool, Job

@@ -43,14 +43,14 @@ from ..core.logfields import current_message, fields, message_fields
 from ..core.message import Message
 from ..core.names import Names
 from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
-from ..core.topology import QUORUM_DELIVERY_LIMIT
+from ..core.topology_plan import QUORUM_DELIVERY_LIMIT
 from ..core.undecodable import without_headers
-from ..inbox import message_key, run_once
 from ..parking import ParkRequest, operations
-from ..policies import policy_cache
 from ..registry import Receiver
+from ..registry.policies import policy_cache
 from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
 from .delivery_limit import DeliveryLimit
+from .inbox import message_key, run_once
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 

@@ -14,13 +14,13 @@ from django.db import DatabaseError, close_old_connections, connections
 from ..conf import app_settings
 from ..core.backoff import CappedBackoff
 from ..core.errors import PublishError
-from ..inbox import purge_handled
+from ..db.threads import start_daemon
 from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
 from ..outbox.drain import Drain
 from ..outbox.relay import WAITING_PAUSE
 from ..parking import group_counts
-from ..threads import start_daemon
+from .inbox import purge_handled
 from .operations_runner import OperationsRunner
 
 logger = logging.getLogger("django_rmq_retry.outbox")

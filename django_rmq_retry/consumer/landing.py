@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-from ..threads import start_daemon
+from ..db.threads import start_daemon
 
 J = TypeVar("J")
 K = TypeVar("K", bound=Hashable)

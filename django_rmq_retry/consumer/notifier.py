@@ -14,7 +14,7 @@ from queue import SimpleQueue
 
 from django.db import close_old_connections
 
-from ..threads import start_daemon
+from ..db.threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 

@@ -18,8 +18,8 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import app_settings
 from ..core.errors import PublishError
+from ..db.threads import start_daemon
 from ..parking import alerts, operations, snapshots
-from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.operations")
 

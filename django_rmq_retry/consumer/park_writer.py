@@ -40,9 +40,9 @@ from ..core.busy import database_busy
 from ..core.floods import FloodSummary
 from ..core.logfields import fields
 from ..core.names import Names
+from ..db.tables import missing_tables_message
+from ..db.threads import start_daemon
 from ..parking import ParkRequest, park, park_many, stripped_request
-from ..tables import missing_tables_message
-from ..threads import start_daemon
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 

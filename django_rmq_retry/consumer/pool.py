@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 
-from ..threads import start_daemon
+from ..db.threads import start_daemon
 from .actions import Action, Delivery
 from .landing import Landing
 

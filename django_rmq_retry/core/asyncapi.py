@@ -3,7 +3,7 @@
 Generators of AsyncAPI documents (FastStream's among them) describe topics and queues but
 not what happens to a message that fails: their AMQP bindings carry no queue arguments, so
 a TTL queue that dead-letters into the next one cannot be told from an ordinary queue. Ours
-is built from the same :class:`~django_rmq_retry.core.topology.Plan` that ``rmq_consume``
+is built from the same :class:`~django_rmq_retry.core.topology_plan.Plan` that ``rmq_consume``
 declares, so it shows the retry path (every delay level with its TTL and dead-letter
 exchange, the deliver exchange and its alternate) and the park path (orphans and, with
 quorum queues, dead letters, which every consumer reads and parks) exactly as declared.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .names import OUR_HEADERS, Names
-from .topology import Plan
+from .topology_plan import Plan
 
 ASYNCAPI_VERSION = "3.0.0"
 

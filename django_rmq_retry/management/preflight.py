@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
-from ..tables import missing_tables_message
+from ..db.tables import missing_tables_message
 
 
 def require_tables(using: str = DEFAULT_DB_ALIAS) -> None:

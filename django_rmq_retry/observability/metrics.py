@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from ..core.message import Message
 from ..core.names import Names
-from ..hooks import Outgoing
+from ..hooks import SendEvent
 from .observer import Part, lateness
 
 PREFIX = "django_rmq_retry_"
@@ -167,7 +167,7 @@ class ConsumerMetrics(Part):
         self.park_batch.observe(size)
         self.park_lag.observe(lag_seconds)
 
-    def send_started(self, out: Outgoing) -> Any:
+    def send_started(self, out: SendEvent) -> Any:
         return out
 
     def send_ended(self, token: Any, error: BaseException | None) -> None:

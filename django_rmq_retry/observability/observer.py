@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.message import Message
 from ..core.names import Names
-from ..hooks import Hooks, Outgoing
+from ..hooks import Hooks, SendEvent
 
 logger = logging.getLogger("django_rmq_retry.observability")
 
@@ -141,7 +141,7 @@ class Observer(Hooks):
         self._ended("attempt_ended", self._attempts, tokens, error, action, now, took)
 
     # Sending (any thread that publishes) -----------------------------------------------------
-    def send_started(self, out: Outgoing) -> Any:
+    def send_started(self, out: SendEvent) -> Any:
         return self._started("send_started", self._sends, out) if self._sends else None
 
     def send_ended(self, token: Any, error: BaseException | None) -> None:

@@ -38,7 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..core.failure import error_text, error_type_name, traceback_text
 from ..core.message import Message
 from ..core.names import Names
-from ..hooks import Outgoing
+from ..hooks import SendEvent
 from .observer import Part
 
 SYSTEM = "rabbitmq"
@@ -62,7 +62,7 @@ class Tracing(Part):
         self._fields: frozenset[str] = frozenset()
 
     # Sending ----------------------------------------------------------------------------------
-    def send_started(self, out: Outgoing) -> Any:
+    def send_started(self, out: SendEvent) -> Any:
         destination = f"{self.exchange}:{out.routing_key}"
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..publishing import Publisher
+from ..publishing.publisher import Publisher
 from .relay import WAITING_PAUSE, RelayRound, publish_pending
 
 

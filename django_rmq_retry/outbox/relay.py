@@ -39,12 +39,12 @@ from django.db.models import Case, F, QuerySet, When
 from django.utils import timezone
 
 from .. import broker
-from ..batches import ids_in
 from ..conf import app_settings
 from ..core.errors import PublishError
 from ..core.json_columns import headers_from_json
+from ..db.batches import ids_in
 from ..models import OutboxMessage, OutboxStatus
-from ..publishing import Publisher, get_publisher
+from ..publishing.publisher import Publisher, get_publisher
 
 logger = logging.getLogger("django_rmq_retry.outbox")
 

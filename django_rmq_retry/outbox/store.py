@@ -23,7 +23,7 @@ from ..conf import app_settings, current_names
 from ..core.envelope import build_properties
 from ..core.json_columns import json_safe_headers
 from ..models import OutboxMessage
-from ..publishing import PublishResult, encode_body
+from ..publishing.publisher import PublishResult, encode_body
 from .relay import publish_pending, relay_wakeup, rows_written
 
 logger = logging.getLogger("django_rmq_retry.outbox")

@@ -3,9 +3,9 @@
 these functions; neither holds logic of its own."""
 
 from .group_counts import counts_kept, recount
-from .park import ParkRequest, park, park_key, park_many, stripped_request
+from .intake import ParkRequest, park, park_key, park_many, stripped_request
 from .queries import WordsMatch, distinct_values
-from .requeue import (
+from .requeuing import (
     MODE_RECEIVER,
     MODE_TOPIC,
     REQUEUE_WINDOW,

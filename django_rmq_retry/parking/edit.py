@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..conf import app_settings, current_names
 from ..models import ParkedMessage, ParkedStatus
-from .requeue import MODE_RECEIVER, RequeueResult, requeue
+from .requeuing import MODE_RECEIVER, RequeueResult, requeue
 
 JSON, TEXT, BYTES = "json", "text", "bytes"
 

@@ -48,7 +48,7 @@ from ..models import (
     RequeueItem,
     RequeueOperation,
 )
-from .requeue import MODE_RECEIVER, MODE_TOPIC, requeue
+from .requeuing import MODE_RECEIVER, MODE_TOPIC, requeue
 
 logger = logging.getLogger("django_rmq_retry.operations")
 

@@ -12,11 +12,11 @@ from django.db.models import Count, F, Max, Min, QuerySet, Sum
 from django.utils import timezone
 
 from .. import signals
-from ..batches import delete_in_batches
 from ..conf import app_settings
+from ..db.batches import delete_in_batches
 from ..models import ParkedGroupCount, ParkedMessage, ParkedStatus
 from .group_counts import counts_kept
-from .requeue import being_requeued
+from .requeuing import being_requeued
 
 
 def discard(

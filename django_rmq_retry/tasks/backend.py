@@ -38,7 +38,7 @@ from . import results
 from .defer import publish_deferred
 from .results import READY
 from .runner import runner_for
-from .wire import MAX_PRIORITY, TaskMessage, amqp_priority, receiver_name
+from .task_message import MAX_PRIORITY, TaskMessage, amqp_priority, receiver_name
 
 DEFAULT_RETENTION = 7 * 24 * 3600
 
@@ -78,7 +78,7 @@ class RabbitMQTask(Task):
 
 
 def _settings_policy() -> Policy:
-    from ..policies import default_policy
+    from ..registry.policies import default_policy
 
     return default_policy()
 

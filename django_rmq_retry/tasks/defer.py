@@ -10,7 +10,7 @@ from .. import broker
 from ..conf import app_settings, current_levels, current_names
 from ..core.delays import epoch_us, route
 from ..core.envelope import build_properties
-from ..publishing import encode_body, get_publisher
+from ..publishing.publisher import encode_body, get_publisher
 
 
 def publish_deferred(

@@ -20,7 +20,7 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from ..models import TaskResultRecord
-from .wire import TaskMessage
+from .task_message import TaskMessage
 
 # Statuses (named here: django-stubs types the enum's members as ``...``).
 READY = TaskResultStatus("READY")

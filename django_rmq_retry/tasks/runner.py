@@ -32,12 +32,12 @@ from ..core.errors import Reject
 from ..core.message import Message
 from ..core.outcome import Park, decide
 from ..core.unit_threads import db_executor
-from ..policies import policy_cache
 from ..registry import Receiver
+from ..registry.policies import policy_cache
 from . import results
 from .defer import publish_deferred
 from .results import FAILED, READY, RUNNING, SUCCESSFUL
-from .wire import TaskMessage
+from .task_message import TaskMessage
 
 logger = logging.getLogger("django_rmq_retry.tasks")
 

@@ -35,9 +35,9 @@ from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
 from ..core.envelope import read_incoming
 from ..outbox import publish_all, rows_written
-from ..policies import policy_cache
-from ..publishing import Publisher, install
+from ..publishing.publisher import Publisher, install
 from ..registry import Receiver, default_registry
+from ..registry.policies import policy_cache
 from .model import MemoryBroker, Stored
 
 #: Deliveries one :meth:`InMemoryBroker.run_until_idle` makes at most before it gives up.

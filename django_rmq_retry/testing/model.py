@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..core.errors import ChannelClosed
-from ..core.topology import Plan
+from ..core.topology_plan import Plan
 
 
 @dataclass

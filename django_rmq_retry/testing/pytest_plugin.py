@@ -26,7 +26,7 @@ import pytest
 
 from .. import broker
 from ..conf import broker_urls
-from ..publishing import Publisher
+from ..publishing.publisher import Publisher
 from .in_memory import InMemoryBroker, _MemoryPublisher
 
 MODES = ("warn", "error", "allow")

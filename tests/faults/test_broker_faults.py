@@ -22,7 +22,7 @@ from django_rmq_retry import parking
 from django_rmq_retry.conf import current_plan
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from django_rmq_retry.publishing import get_publisher
+from django_rmq_retry.publishing.publisher import get_publisher
 from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL, _broker_reachable, rabbitmqctl_cmd, wait_for
 from tests.faults.conftest import Tally, depths, queues_empty, record, settle, spawn, stop

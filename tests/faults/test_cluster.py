@@ -24,10 +24,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 
-from django_rmq_retry import parking, publishing
+from django_rmq_retry import parking
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from django_rmq_retry.publishing import reset_publisher
+from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing.publisher import reset_publisher
 from tests.conftest import ROOT, wait_for
 from tests.faults.conftest import Tally, record, settle, spawn, stop
 from tests.faults.test_broker_faults import make_rows
@@ -169,7 +170,7 @@ def nack_pauses(monkeypatch) -> list[float]:
         made.append(seconds)
         time.sleep(seconds)
 
-    monkeypatch.setattr(publishing, "_pause", pause)
+    monkeypatch.setattr(publisher, "_pause", pause)
     return made
 
 

@@ -26,7 +26,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_rmq_retry.models import ParkedMessage
-from django_rmq_retry.publishing import reset_publisher
+from django_rmq_retry.publishing.publisher import reset_publisher
 from tests.conftest import read_log, wait_for
 from tests.faults.conftest import Tally, depths, output, record, settle, spawn, stop
 from tests.testapp.events import other
@@ -94,7 +94,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_parked_not_dropped(rmq, pr
     consumer parks it under its receiver, and a requeue of that row is handled normally.
     """
     from django_rmq_retry import parking
-    from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
+    from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 
     conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum"}
     with override_settings(RMQ_RETRY=conf):

@@ -22,7 +22,7 @@ from django.test import override_settings
 
 from django_rmq_retry.broker import Outgoing
 from django_rmq_retry.core.errors import PublishError
-from django_rmq_retry.publishing import Publisher
+from django_rmq_retry.publishing.publisher import Publisher
 from tests.conftest import ROOT, read_log, subprocess_env, wait_for
 from tests.faults.conftest import record, spawn, stop
 from tests.faults.test_broker_faults import make_rows
@@ -229,7 +229,7 @@ def test_amqps_against_a_local_certificate(rmq, tls_broker):
 
     from django_rmq_retry import broker
     from django_rmq_retry.core.errors import BrokerUnavailable
-    from django_rmq_retry.publishing import reset_publisher
+    from django_rmq_retry.publishing.publisher import reset_publisher
 
     port, d = tls_broker
     url = f"amqps://guest:guest@localhost:{port}/%2F"

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_rmq_retry import broker, orphans
+from django_rmq_retry import broker
 from django_rmq_retry.conf import (
     app_settings,
     broker_urls,
@@ -21,14 +21,15 @@ from django_rmq_retry.conf import (
 )
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
-from django_rmq_retry.core.topology import QUORUM_DELIVERY_LIMIT
+from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
+from django_rmq_retry.db.tables import missing_tables_message, never_migrated
 from django_rmq_retry.hooks import CHILD_DIR_ENV
-from django_rmq_retry.management.filters import select_receivers
+from django_rmq_retry.management import orphans
+from django_rmq_retry.management.arguments import select_receivers
 from django_rmq_retry.management.helptext import from_setting
-from django_rmq_retry.policies import policy_cache
+from django_rmq_retry.management.stop_signals import on_stop_signals
 from django_rmq_retry.registry import Receiver
-from django_rmq_retry.stop_signals import on_stop_signals
-from django_rmq_retry.tables import missing_tables_message, never_migrated
+from django_rmq_retry.registry.policies import policy_cache
 
 
 class Command(BaseCommand):
@@ -180,7 +181,7 @@ class Command(BaseCommand):
     def _supervise(self, options: dict[str, Any]) -> None:
         from django.conf import settings
 
-        from django_rmq_retry import supervisor
+        from django_rmq_retry.management import supervisor
 
         args: list[str] = list(options["receivers"])
         for name in ("prefetch", "threads", "max_messages", "max_idle_time"):

@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry.consumer.operations_runner import OperationsRunner
+from django_rmq_retry.management.stop_signals import on_stop_signals
 from django_rmq_retry.models import RequeueOperation
 from django_rmq_retry.parking import operations
-from django_rmq_retry.stop_signals import on_stop_signals
 
 
 class Command(BaseCommand):

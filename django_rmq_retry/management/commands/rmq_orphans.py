@@ -6,8 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rmq_retry import broker, orphans
+from django_rmq_retry import broker
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry.management import orphans
 
 
 class Command(BaseCommand):

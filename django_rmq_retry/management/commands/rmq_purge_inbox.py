@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rmq_retry.inbox import purge_handled
-from django_rmq_retry.management.filters import parse_duration
+from django_rmq_retry.consumer.inbox import purge_handled
+from django_rmq_retry.management.arguments import parse_duration
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.preflight import require_tables
 

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from django_rmq_retry import parking
-from django_rmq_retry.management.filters import parse_duration
+from django_rmq_retry.management.arguments import parse_duration
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.models import ParkedStatus
 

@@ -15,9 +15,9 @@ from django_rmq_retry.conf import broker_urls
 from django_rmq_retry.consumer.housekeeper import Housekeeper
 from django_rmq_retry.management.helptext import setting_value
 from django_rmq_retry.management.preflight import require_tables
+from django_rmq_retry.management.stop_signals import on_stop_signals
 from django_rmq_retry.models import OutboxMessage
 from django_rmq_retry.outbox import release_held
-from django_rmq_retry.stop_signals import on_stop_signals
 
 
 class Command(BaseCommand):

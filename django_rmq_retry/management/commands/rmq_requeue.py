@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rmq_retry import parking
 from django_rmq_retry.consumer.operations_runner import OperationsRunner
 from django_rmq_retry.core.errors import PublishError
-from django_rmq_retry.management.filters import add_filter_arguments, filtered_queryset
+from django_rmq_retry.management.arguments import add_filter_arguments, filtered_queryset
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.management.progress import Progress

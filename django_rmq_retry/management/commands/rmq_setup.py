@@ -12,11 +12,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rmq_retry import broker, orphans
+from django_rmq_retry import broker
 from django_rmq_retry.conf import broker_urls, current_plan
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
-from django_rmq_retry.core.topology import Plan
-from django_rmq_retry.management.filters import select_receivers
+from django_rmq_retry.core.topology_plan import Plan
+from django_rmq_retry.management import orphans
+from django_rmq_retry.management.arguments import select_receivers
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.registry import Receiver
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
-from .core.backoff import Policy
+from ..core.backoff import Policy
 
 ReceiverFunc = Callable[..., Any]
 _ROUTING_KEY = re.compile(r"^[^\s#*]{1,255}$")
@@ -60,10 +60,10 @@ class Receiver:
     topics: list[TopicKey] = field(default_factory=list)
     policy: Policy | None = None
     #: Run in a database transaction with an inbox row: a redelivery of a message whose
-    #: transaction committed is acked without running again (``inbox``).
+    #: transaction committed is acked without running again (``consumer.inbox``).
     idempotent: bool = False
     #: RabbitMQ priorities of the queue (``x-max-priority``; 0: none). Tasks use it; the
-    #: argument is declared on classic queues only (``core.topology``).
+    #: argument is declared on classic queues only (``core.topology_plan``).
     max_priority: int = 0
 
     @property

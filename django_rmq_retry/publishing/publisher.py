@@ -34,13 +34,12 @@ from typing import Any, TypeVar, cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from . import broker
-from .batch_stream import Batch, BatchStream
-from .conf import app_settings, current_names, current_plan
-from .core import bodies
-from .core.backoff import pauses_within
-from .core.envelope import build_properties
-from .core.errors import (
+from .. import broker
+from ..conf import app_settings, current_names, current_plan
+from ..core import bodies
+from ..core.backoff import pauses_within
+from ..core.envelope import build_properties
+from ..core.errors import (
     BrokerUnavailable,
     ChannelClosed,
     ConnectionLost,
@@ -50,9 +49,10 @@ from .core.errors import (
     TopologyError,
     UnroutableError,
 )
-from .registry import app_missing_hint, default_registry
+from ..registry import app_missing_hint, default_registry
+from .batch_stream import Batch, BatchStream
 
-logger = logging.getLogger("django_rmq_retry.publishing")
+logger = logging.getLogger("django_rmq_retry.publishing.publisher")
 
 #: Messages a batch keeps unconfirmed at once (bounds client memory, keeps the pipe full).
 BATCH_WINDOW = 1000

@@ -16,8 +16,8 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .models import OutboxMessage
-from .outbox import release_held
+from ..models import OutboxMessage
+from ..outbox import release_held
 from .preview import body_preview
 
 

@@ -28,15 +28,15 @@ from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from .. import broker, signals
-from ..batches import ids_in
 from ..conf import app_settings, current_names
 from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
 from ..core.header_budget import properties_room, too_large_to_requeue
 from ..core.names import Names
+from ..db.batches import ids_in
+from ..db.threads import start_daemon
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
-from ..publishing import get_publisher
-from ..threads import start_daemon
+from ..publishing.publisher import get_publisher
 from .rows import row_properties
 
 if TYPE_CHECKING:  # the broker package loads pika: only when something is requeued

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .core.bodies import Undecodable, is_json_type, parse_content_type, unwrap
+from ..core.bodies import Undecodable, is_json_type, parse_content_type, unwrap
 
 #: Bytes of a body shown as text or JSON on the detail page; the rest is cut off.
 BODY_PREVIEW_BYTES = 64 * 1024

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
-from .conf import app_settings
+from ..conf import app_settings
 
 #: Where our ``django.tasks`` backend lives (``TASKS[...]["BACKEND"]``).
 TASK_BACKEND_PACKAGE = "django_rmq_retry.tasks"

@@ -21,10 +21,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from .. import signals
-from ..batches import insert_rows
 from ..conf import current_names
 from ..core.envelope import Envelope, delivery_digest, read_incoming
 from ..core.names import Names
+from ..db.batches import insert_rows
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from .rows import json_safe_headers, properties_json, text_column
 

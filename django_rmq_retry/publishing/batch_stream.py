@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the broker package loads pika: only when something is published
-    from .broker import Outgoing
+    from ..broker import Outgoing
 
 Batch = Sequence["Outgoing"]
 _END: Any = object()  # the source's end

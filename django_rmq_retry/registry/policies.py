@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 from django.db import DatabaseError
 
-from .conf import app_settings
-from .core.backoff import Policy
-from .models import RetryPolicy
-from .registry import Receiver
+from ..conf import app_settings
+from ..core.backoff import Policy
+from ..models import RetryPolicy
+from . import Receiver
 
-logger = logging.getLogger("django_rmq_retry.policies")
+logger = logging.getLogger("django_rmq_retry.registry.policies")
 
 
 _default: tuple[object, Policy] | None = None  # (the RETRY mapping it was built from, it)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import broker
-from .conf import current_names
-from .core.errors import RmqRetryError
-from .models import DeclaredQueue
-from .registry import Receiver, default_registry
+from .. import broker
+from ..conf import current_names
+from ..core.errors import RmqRetryError
+from ..models import DeclaredQueue
+from ..registry import Receiver, default_registry
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def find(connection: broker.Connection | None = None) -> list[Orphan]:
     )
     if not candidates:
         return []
-    from .broker.topology import queue_state
+    from ..broker.topology import queue_state
 
     conn = connection or broker.connect()
     try:
@@ -81,7 +81,7 @@ def find(connection: broker.Connection | None = None) -> list[Orphan]:
 def delete(orphan: Orphan, *, force: bool, connection: broker.Connection) -> bool:
     """Delete ``orphan``'s queue: only while empty unless ``force`` (its messages are lost).
     Returns whether it was deleted. Its record goes with it."""
-    from .broker.topology import delete_queue
+    from ..broker.topology import delete_queue
 
     deleted = delete_queue(connection.channel().raw, orphan.name, if_empty=not force)
     if deleted:

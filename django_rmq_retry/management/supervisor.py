@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .core.backoff import CappedBackoff
+from ..core.backoff import CappedBackoff
 from .stop_signals import on_stop_signals
 
-logger = logging.getLogger("django_rmq_retry.supervisor")
+logger = logging.getLogger("django_rmq_retry.management.supervisor")
 
 #: A child that lived at least this long is considered healthy: its backoff starts over.
 HEALTHY_AFTER = 10.0

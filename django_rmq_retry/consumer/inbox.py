@@ -18,9 +18,9 @@ from datetime import timedelta
 from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
-from .batches import delete_in_batches
-from .conf import app_settings
-from .models import InboxEntry
+from ..conf import app_settings
+from ..db.batches import delete_in_batches
+from ..models import InboxEntry
 
 KEY_MAX = 255
 

@@ -28,7 +28,7 @@ from ..parking import operations
 from ..registry import default_registry
 from .changelist import COUNT_CAP, _capped_count
 from .common import _filter_description, _outside_request_transactions, logger
-from .progress import OperationForm
+from .requeue_operations import OperationForm
 
 
 class OperationsMixin(admin.ModelAdmin):
