@@ -298,7 +298,8 @@ def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None
 
 
 class Channel:
-    """A channel of a :class:`Connection`: declare, consume, settle, publish."""
+    """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through
+    ``broker.confirms.ConfirmChannel``)."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
@@ -326,11 +327,6 @@ class Channel:
     def qos(self, prefetch: int) -> None:
         with _io():
             self.raw.basic_qos(prefetch_count=prefetch)
-
-    def confirm_delivery(self) -> None:
-        """Publishes on this channel now wait for the broker's confirm (or raise)."""
-        with _io():
-            self.raw.confirm_delivery()
 
     def consume(self, queue: str, on_message: OnMessage) -> str:
         """Start consuming ``queue`` with manual acks; returns the consumer tag."""
@@ -360,15 +356,3 @@ class Channel:
     def nack(self, delivery_tag: int, requeue: bool = True) -> None:
         with _io():
             self.raw.basic_nack(delivery_tag, requeue=requeue)
-
-    def publish(
-        self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any]
-    ) -> None:
-        """Publish as mandatory; in confirm mode, return once the broker confirmed it.
-
-        Raises ``UnroutableError`` (returned), ``NackedError``, ``ChannelClosed`` (e.g. no
-        such exchange) or ``ConnectionLost``.
-        """
-        props = to_pika(properties)
-        with _io():
-            self.raw.basic_publish(exchange, routing_key, body, props, mandatory=True)

@@ -64,7 +64,6 @@ class Stats:
     retried: int = 0
     parked: int = 0
     released: int = 0
-    failed_publishes: int = 0
     reconnects: int = 0
 
     @property
@@ -627,7 +626,6 @@ class Consumer:
             if generation != self._generation:
                 return  # the connection was replaced: the original is redelivered
             if not ok:
-                self.stats.failed_publishes += 1
                 logger.error(
                     "retry copy of %s was not accepted by the broker (%s); the original "
                     "returns to its queue",
@@ -678,7 +676,6 @@ class Consumer:
         """The broker refuses this retry copy for what it carries: park the original with
         the broker's reason (once its row is committed it is acked), never give it back to
         run its receiver again, never drop the consumer's connection over it."""
-        self.stats.failed_publishes += 1
         logger.error(
             "retry copy of %s is refused by the broker (%s); parking the original",
             delivery.properties.get("message_id"),

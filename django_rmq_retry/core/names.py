@@ -52,9 +52,6 @@ class Names:
     def delay_queue(self, level: int) -> str:
         return f"{self.prefix}.delay.{level:02d}"
 
-    def receiver_queue(self, dotted_path: str) -> str:
-        return f"{self.prefix}.{dotted_path}"
-
     # Headers (no ``x-``: RabbitMQ 4.x treats client ``x-`` headers specially) ----------
     def header(self, name: str) -> str:
         try:

@@ -64,14 +64,6 @@ def _pg_install() -> list[str]:
     return sql
 
 
-def _pg_uninstall() -> list[str]:
-    sql = []
-    for event in _PG_ROWS:
-        sql.append(f"DROP TRIGGER IF EXISTS rmqr_groups_{event} ON {PARKED}")
-        sql.append(f"DROP FUNCTION IF EXISTS rmqr_groups_{event}()")
-    return sql
-
-
 # SQLite: row triggers. A delete only lowers an existing count (never creates one): a flush
 # that empties the counts before the rows leaves no negative rows behind.
 _SQLITE_ADD = f"""
@@ -148,10 +140,6 @@ def triggers_installed(using: str = "default") -> bool:
 def install_sql(vendor: str) -> list[str]:
     """The statements that create (or replace) the triggers on ``vendor``'s database."""
     return {"postgresql": _pg_install, "sqlite": _sqlite_install}.get(vendor, list)()
-
-
-def uninstall_sql(vendor: str) -> list[str]:
-    return {"postgresql": _pg_uninstall, "sqlite": _sqlite_uninstall}.get(vendor, list)()
 
 
 def fill(cursor: Any) -> int:
