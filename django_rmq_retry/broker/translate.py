@@ -2,8 +2,8 @@
 
 Everything above the broker package catches our types only: ``ConnectionLost`` (reconnect),
 ``ChannelClosed`` (the broker refused something on a channel, with its reply code),
-``BrokerUnavailable``/``AccessRefused`` (cannot connect; the latter is not worth retrying),
-``UnroutableError``/``NackedError`` (a confirmed publish the broker did not store).
+``BrokerUnavailable``/``AccessRefused`` (cannot connect; the latter is not worth retrying).
+A publish's answer (returned, nacked) comes through ``confirms.ConfirmChannel``'s callbacks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pika.exceptions as pex
 
-from ..core.errors import ChannelClosed, ConnectionLost, NackedError, UnroutableError
+from ..core.errors import ChannelClosed, ConnectionLost
 
 #: pika's (and the socket's) errors after which a connection is gone and must be rebuilt.
 LOST: tuple[type[BaseException], ...] = (
@@ -78,9 +78,5 @@ def translated() -> Iterator[None]:
         yield
     except pex.ChannelClosedByBroker as exc:
         raise ChannelClosed(exc.reply_code, exc.reply_text) from exc
-    except pex.UnroutableError as exc:
-        raise UnroutableError("the message was returned as unroutable") from exc
-    except pex.NackError as exc:
-        raise NackedError("the broker refused (nacked) the message") from exc
     except LOST as exc:
         raise ConnectionLost(describe(exc)) from exc
