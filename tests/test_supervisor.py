@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from django.core.management import call_command
 
 from tests.conftest import ROOT, Child, read_log, start_consumer, subprocess_env, wait_for
 from tests.testapp.events import other
+from tests.waiting import consuming, until
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -42,11 +42,16 @@ def done_events(log: Path) -> list[dict]:
 def test_two_processes_handle_every_message_exactly_once(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     total = 200
-    other.send_many([{"id": i, "sleep": 0.01} for i in range(total)])
-    proc = start_consumer(
-        rmq.prefix, rmq.log, "gamma", "--processes", "2", "--prefetch", "5", "--max-idle-time", "3"
-    )
-    out, _ = proc.communicate(timeout=120)
+    proc = start_consumer(rmq.prefix, rmq.log, "gamma", "--processes", "2", "--prefetch", "5")
+    try:
+        # Both children consume before the first message: the broker shares the messages
+        # between them, however long one of them took to start.
+        consuming(rmq, rmq.queue("gamma"), 2, child=proc)
+        other.send_many([{"id": i, "sleep": 0.01} for i in range(total)])
+        until("every message handled", lambda: len(done_events(rmq.log)) >= total, child=proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "all 2 consumer processes exited" in out
     done = done_events(rmq.log)
@@ -77,6 +82,7 @@ def test_a_killed_child_is_restarted_and_the_work_goes_on(rmq):
         assert first[1] in now  # the other child was left alone
         (replacement,) = set(now) - set(first)
         # The replacement consumes: work is shared by the survivor and the new child.
+        consuming(rmq, rmq.queue("gamma"), 2, child=proc)
         other.send_many([{"id": i, "sleep": 0.02} for i in range(100)])
         assert wait_for(lambda: len(done_events(rmq.log)) == 100, 60)
         assert {e["pid"] for e in done_events(rmq.log)} == {first[1], replacement}
@@ -91,9 +97,11 @@ def test_a_killed_child_is_restarted_and_the_work_goes_on(rmq):
 def test_sigterm_to_the_supervisor_is_a_warm_exit(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     total = 60
-    other.send_many([{"id": i, "sleep": 0.1} for i in range(total)])
+    # 0.5 s each, one at a time per child: the SIGTERM lands about 13 s before the last
+    # message could be done, however late the test gets to send it.
+    other.send_many([{"id": i, "sleep": 0.5} for i in range(total)])
     proc = start_consumer(rmq.prefix, rmq.log, "gamma", "--processes", "2", "--prefetch", "4")
-    assert wait_for(lambda: len(done_events(rmq.log)) >= 6, 60)
+    until("six messages handled", lambda: len(done_events(rmq.log)) >= 6, child=proc)
     kids = children_of(proc.pid)
     assert len(kids) == 2
     proc.send_signal(signal.SIGTERM)
@@ -107,8 +115,15 @@ def test_sigterm_to_the_supervisor_is_a_warm_exit(rmq):
     assert started == done  # every receiver that started finished: warm
     assert 0 < len(done) < total
     assert all(not Path(f"/proc/{pid}").exists() or children_of(pid) == [] for pid in kids)
-    time.sleep(0.5)
-    assert rmq.depth(rmq.queue("gamma")) == total - len(done)  # the rest is back, unacked
+    # The rest is back, unacked, once the broker has seen the children's connections close.
+    back = total - len(done)
+    depth = [-1]
+
+    def requeued() -> bool:
+        depth[0] = rmq.depth(rmq.queue("gamma"))
+        return depth[0] == back
+
+    assert wait_for(requeued, 60), (depth[0], back)
 
 
 def test_processes_must_be_positive(rmq):
