@@ -12,8 +12,8 @@ It hands a job over ``LEAD`` before its time, with every other job due by then, 
 receiver thread that takes it waits out the rest while it has nothing else to run
 (``pool``); a thread that has other work gives it back, to be handed over at its time
 exactly (``lead=0``). Copies that failed together come due together, a few tenths of a ms
-apart: handed over one wake-up each, the landing's thread took the interpreter lock from
-the receiver thread for every copy (bench, head-of-line row).
+apart: handed over one wake-up each, the landing's thread would take the interpreter lock
+from the receiver thread for every copy.
 """
 
 from __future__ import annotations

@@ -342,15 +342,16 @@ class Consumer:
         try:
             if self._copies is not None and self._copies.pending:
                 # A copy awaits its confirm, which arrives on the other connection: wait on
-                # both (waiting on this one alone held every confirm up to ``seconds``: a
-                # retry stream ran at one prefetch window per 50 ms).
+                # both (waiting on this one alone would hold every confirm up to ``seconds``,
+                # and a retry stream would move one prefetch window per pump).
                 self._connection.pump_with(self._copies_connection, seconds)
                 self._copies_due = time.monotonic() + 1.0
             else:
                 self._connection.pump(seconds)
                 # Without a copy in flight the copies' connection is pumped for its heartbeats
-                # only, once a second: a pump per consumer pump cost the happy path a poll and
-                # pika's event dispatch per delivery batch (~30 µs per message).
+                # only, once a second: a pump per consumer pump would cost the happy path a
+                # poll and pika's event dispatch per delivery batch, a measurable share of
+                # each message's cost (see bench/README.md).
                 now = time.monotonic()
                 if now >= self._copies_due:
                     self._copies_due = now + 1.0
@@ -509,8 +510,8 @@ class Consumer:
             return
         if isinstance(job.action, StorePark):
             # Straight to the parking thread: the connection's thread has nothing to do with
-            # it until the row is committed. Through it, each parked message cost one more
-            # hand-off and wake-up, and the parking scenario of bench/run.py ran slower.
+            # it until the row is committed. Through it, each parked message would cost one
+            # more hand-off and wake-up.
             self._submit_park(delivery, job.action)
             return
         self._done.put(job)
@@ -761,7 +762,7 @@ class Consumer:
             return Release()
         # Django's per-request hygiene, as around a request: drop a connection that is broken
         # or past CONN_MAX_AGE. After every delivery; before one only after an idle second
-        # (the check after the previous delivery covers a busy stream, and costs ~3 µs).
+        # (the check after the previous delivery covers a busy stream, and costs little).
         local = self._worker_local
         if time.monotonic() - getattr(local, "finished", 0.0) > 1.0:
             close_old_connections()

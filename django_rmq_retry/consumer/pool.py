@@ -53,9 +53,9 @@ class DaemonPool:
     """A fixed pool of *daemon* receiver threads: ``run(delivery)``, then ``done(job)``.
 
     ``ThreadPoolExecutor`` threads are joined at interpreter exit, so a receiver still
-    running after ``SHUTDOWN_TIMEOUT`` held the process until it returned (scenario 5 of the
-    fault suite: timeout 2 s, exit after 8 s). Daemon threads let the process exit on time;
-    the abandoned deliveries were never acked, so the broker redelivers them.
+    running after ``SHUTDOWN_TIMEOUT`` would hold the process until it returned. Daemon
+    threads let the process exit on time; the abandoned deliveries were never acked, so the
+    broker redelivers them.
     """
 
     def __init__(

@@ -14,8 +14,8 @@ of failures parks one window per commit (the parking thread writes whatever accu
 while its last commit ran); a stream of retries, each held up to the landing's last
 stretch, can keep more copies held than one window holds, and then the next copies and
 fresh messages alike wait in the queue until a held one runs. A wider window helps both
-(``bench/run.py parking`` and the retry-stream row of ``bench/run.py delay``), at the cost
-of one process holding more than its share: hence opt-in, with its own bound.
+(bench/README.md: the ``parking`` and ``delay`` scenarios), at the cost of one process
+holding more than its share: hence opt-in, with its own bound.
 
 A running consumer's prefetch cannot be raised: RabbitMQ applies a per-consumer
 ``basic.qos`` only to consumers started after it, and a channel-wide (``global``) prefetch is

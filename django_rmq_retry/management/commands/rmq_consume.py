@@ -157,9 +157,8 @@ class Command(BaseCommand):
         policy_cache.invalidate()
         orphans.warn_at_start(receivers)  # logs each queue no receiver owns (never deletes)
         # What is alive now (Django, the apps, the receivers' modules) lives as long as the
-        # process: frozen, the cyclic collector stops walking it. Unfrozen, a full collection
-        # stalled every thread 40-85 ms mid-stream and a younger one 2-5 ms (gc.callbacks
-        # in a consumer).
+        # process: frozen, the cyclic collector stops walking it. Unfrozen, every collection
+        # walks it, and a full one stalls every thread mid-stream (see bench/README.md).
         gc.collect()
         gc.freeze()
         try:
