@@ -414,7 +414,7 @@ def publish_bodies(routing_key: str, n: int, start: int = 0, **extra: Any) -> No
     chunk = 10_000
     for base in range(start, start + n, chunk):
         stop = min(base + chunk, start + n)
-        publisher._send_bodies(
+        publisher.send_bodies(
             routing_key, [{"i": i, "op": "bench", **extra} for i in range(base, stop)]
         )
 

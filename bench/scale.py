@@ -318,7 +318,7 @@ def pages(timer: Timer, rows: int) -> None:
 class _ConfirmAll:
     """A publisher that confirms every message at once: a requeue's database side only."""
 
-    def _batches(
+    def stream_batches(
         self, batches: Any, answered: Any, window: int = 0, most: Any = None, deadline: Any = None
     ) -> None:
         for batch in batches:

@@ -497,7 +497,7 @@ def retry_stream(run: Run) -> list[Row]:
             time.sleep(3.0)  # the consumer's start-up (Django, connect, consume)
             t0, sent = time.monotonic(), 0
             while sent < n:  # batches of 10, paced to the rate
-                publisher._send_bodies(
+                publisher.send_bodies(
                     "bench.peerretry",
                     [{"i": i, "op": "bench", "delay": 1.0} for i in range(sent, sent + 10)],
                 )

@@ -81,7 +81,7 @@ class Topic(TopicKey):
                 using=using,
                 **properties,
             )
-        return get_publisher()._send_bodies(
+        return get_publisher().send_bodies(
             self.routing_key, [body], headers=headers, content_type=content_type, **properties
         )[0]
 
@@ -111,7 +111,7 @@ class Topic(TopicKey):
     ) -> list[PublishResult]:
         if self.uses_outbox(outbox):
             return _outbox().enqueue_many(self.routing_key, bodies, using=using, **kwargs)
-        return get_publisher()._send_bodies(self.routing_key, bodies, **kwargs)
+        return get_publisher().send_bodies(self.routing_key, bodies, **kwargs)
 
     def send_on_commit(self, body: Any, *, using: str | None = None, **kwargs: Any) -> None:
         """Publish once the current database transaction commits (now if there is none).

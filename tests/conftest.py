@@ -298,7 +298,7 @@ class ConfirmAll:
         self.sent: list[tuple[str, str, bytes, Any]] = []
         self.waits = 0
 
-    def _batches(self, batches, answered, window=0, most=None, deadline=None):
+    def stream_batches(self, batches, answered, window=0, most=None, deadline=None):
         for batch in batches:
             if batch is None:
                 self.waits += 1

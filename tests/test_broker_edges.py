@@ -136,7 +136,7 @@ def test_unreachable_broker_is_one_clear_line_without_the_password(rmq):
         with pytest.raises(PublishError) as pub:
             from django_rmq_retry.publishing.publisher import Publisher
 
-            Publisher()._send_bodies("x", [{}])
+            Publisher().send_bodies("x", [{}])
     for text in (str(info.value), str(pub.value)):
         assert "cannot reach RabbitMQ at amqp://bob:***@127.0.0.1:1/%2F" in text
         assert "hunter2" not in text

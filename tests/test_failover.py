@@ -65,10 +65,10 @@ def test_publisher_moves_to_the_next_url_after_a_lost_connection(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "BROKER_URLS": [FIRST, SECOND]}):
         publisher = Publisher()
-        publisher._send_bodies("test.other", [{"id": 1}])
+        publisher.send_bodies("test.other", [{"id": 1}])
         assert publisher._connection is not None and publisher._connection.url == FIRST
         publisher._connection.raw.close()  # as if its node went away
-        publisher._send_bodies("test.other", [{"id": 2}])
+        publisher.send_bodies("test.other", [{"id": 2}])
         assert publisher._connection.url == SECOND
         publisher.close()
     assert rmq.depth(rmq.queue("gamma")) == 2

@@ -349,7 +349,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
         publisher = get_publisher()
 
         class CutAfter150:
-            def _stream(self, items):
+            def stream_items(self, items):
                 def cut():
                     for n, item in enumerate(items):
                         if n == 150:  # the first 150 sent and confirmed, then the cut
@@ -361,7 +361,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
                             sock.shutdown(socket.SHUT_RDWR)
                         yield item
 
-                return publisher._stream(cut())
+                return publisher.stream_items(cut())
 
         with pytest.raises(PublishError):
             publish_pending(publisher=CutAfter150())

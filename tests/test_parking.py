@@ -397,7 +397,7 @@ class FailingAfter:
         self.n = n
         self.real = get_publisher()
 
-    def _batches(self, batches, answered, window=200, most=None, deadline=None):
+    def stream_batches(self, batches, answered, window=200, most=None, deadline=None):
         for batch in batches:
             if batch is None:
                 continue

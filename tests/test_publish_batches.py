@@ -1,4 +1,4 @@
-"""``Publisher._batches``: batch after batch in one stream of confirms (the requeue's
+"""``Publisher.stream_batches``: batch after batch in one stream of confirms (the requeue's
 path), on the real broker. Every test counts what reached the queue: each batch is handed
 back once, in order, with each item's final answer, and what was confirmed is stored once.
 Connection losses mid-stream: ``tests/faults/test_broker_faults.py`` (scenario 8)."""
@@ -61,7 +61,7 @@ def test_batches_are_handed_back_in_order_each_answered_and_stored_once(rmq):
         answered.append(batch)
 
     try:
-        Publisher(declare=False)._batches(source(), on_answered, window=100, most=2)
+        Publisher(declare=False).stream_batches(source(), on_answered, window=100, most=2)
         assert [id(b) for b in answered] == [id(b) for b in batches]  # each once, in order
         assert max(in_flight) <= 2  # never more than `most` batches in flight
         expected = [item.message_id for batch in batches for item in batch]
@@ -80,7 +80,7 @@ def test_a_nack_mid_stream_is_published_again_and_stored_once(rmq, monkeypatch):
     batches = _batches(queue, [40] * 6)
     answered: list[list[Outgoing]] = []
     try:
-        Publisher(declare=False)._batches(iter(batches), answered.append, window=30)
+        Publisher(declare=False).stream_batches(iter(batches), answered.append, window=30)
         assert [id(b) for b in answered] == [id(b) for b in batches]
         assert all(item.confirmed for batch in batches for item in batch)
         stored = drained + _stored_ids(rmq, queue)
@@ -98,7 +98,7 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
     batches = _batches(queue, [4, 4, 4])
     answered: list[list[Outgoing]] = []
     try:
-        Publisher(declare=False)._batches(iter(batches), answered.append, window=100)
+        Publisher(declare=False).stream_batches(iter(batches), answered.append, window=100)
         assert [id(b) for b in answered] == [id(b) for b in batches]
         items = [item for batch in batches for item in batch]
         assert [item.state for item in items].count("ack") == 5
@@ -119,7 +119,7 @@ def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, 
     answered: list[list[Outgoing]] = []
     try:
         deadline = time.monotonic() + 1.2
-        Publisher(declare=False)._batches(
+        Publisher(declare=False).stream_batches(
             iter(batches), answered.append, window=100, deadline=deadline
         )
         assert [id(b) for b in answered] == [id(b) for b in batches]
@@ -145,7 +145,7 @@ def test_an_error_of_the_source_is_raised_after_what_was_in_flight_is_answered(r
 
     try:
         with pytest.raises(RuntimeError, match="went away"):
-            Publisher(declare=False)._batches(source(), answered.append, window=500)
+            Publisher(declare=False).stream_batches(source(), answered.append, window=500)
         assert [id(b) for b in answered] == [id(b) for b in batches]
         assert all(item.confirmed for batch in batches for item in batch)
         assert len(_stored_ids(rmq, queue)) == 200
@@ -157,7 +157,7 @@ def test_an_unreachable_broker_raises_without_looping(rmq):
     answered: list[list[Outgoing]] = []
     publisher = Publisher("amqp://guest:guest@127.0.0.1:1/%2F", declare=False)  # nothing listens
     with pytest.raises(PublishError):
-        publisher._batches(iter(_batches("q", [3, 3])), answered.append)
+        publisher.stream_batches(iter(_batches("q", [3, 3])), answered.append)
     assert answered == []  # nothing was taken from the source, nothing to hand back
 
 
@@ -196,7 +196,7 @@ def test_an_error_of_answered_closes_the_channel_whose_confirms_were_pending(rmq
     queue = _queue(rmq)
     publisher = Publisher(declare=False)
     try:
-        publisher._batches(iter(_batches(queue, [5])), lambda batch: None)
+        publisher.stream_batches(iter(_batches(queue, [5])), lambda batch: None)
         first = publisher._pipeline
         assert first is not None
 
@@ -204,12 +204,12 @@ def test_an_error_of_answered_closes_the_channel_whose_confirms_were_pending(rmq
             raise RuntimeError("the marks failed")
 
         with pytest.raises(RuntimeError, match="marks failed"):
-            publisher._batches(iter(_batches(queue, [500, 500, 500])), fails, most=2)
+            publisher.stream_batches(iter(_batches(queue, [500, 500, 500])), fails, most=2)
         assert publisher._pipeline is None
         assert not first.channel.impl.is_open  # closing or closed: not left open
         answered: list[list[Outgoing]] = []
         later = _batches(queue, [10])
-        publisher._batches(iter(later), answered.append)
+        publisher.stream_batches(iter(later), answered.append)
         assert [id(b) for b in answered] == [id(b) for b in later]
         assert all(item.confirmed for item in later[0])
         # 5 + the 500 handed back (and at most the 500 after it, already written) + 10

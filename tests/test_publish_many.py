@@ -55,7 +55,7 @@ def test_empty_batch_publishes_nothing(rmq):
 def test_unroutable_batch_raises_and_confirms_nothing(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     with pytest.raises(UnroutableError) as info:
-        get_publisher()._send_bodies("nobody.listens", [{"id": i} for i in range(30)])
+        get_publisher().send_bodies("nobody.listens", [{"id": i} for i in range(30)])
     assert info.value.confirmed == []
     assert len(info.value.failed) == 30
     assert "30 message(s) were returned" in str(info.value)
@@ -76,7 +76,7 @@ def test_unroutable_messages_inside_a_batch_are_the_ones_reported(rmq):
         props = {"message_id": f"m{i}", "delivery_mode": 2}
         items.append(Outgoing(exchange, key, b"{}", props))
     with pytest.raises(UnroutableError) as info:
-        publisher._publish(items)
+        publisher.send_items(items)
     unroutable = {f"m{i}" for i in range(40) if i % 3 == 0}
     assert set(info.value.failed) == unroutable
     assert {r.message_id for r in info.value.confirmed} == {f"m{i}" for i in range(40)} - unroutable
@@ -102,7 +102,7 @@ def test_nacked_messages_are_reported_and_only_confirmed_ones_stored(rmq, settin
     queue = _bounded_queue(rmq, 7)
     try:
         with pytest.raises(PublishError) as info:
-            get_publisher()._send_bodies("bounded.key", [{"id": i} for i in range(25)])
+            get_publisher().send_bodies("bounded.key", [{"id": i} for i in range(25)])
         assert not isinstance(info.value, UnroutableError)
         assert "nacked" in str(info.value)
         assert len(info.value.confirmed) == 7
@@ -160,10 +160,10 @@ def test_a_nack_that_passes_is_published_again_and_stored_once(rmq, monkeypatch)
 
     monkeypatch.setattr(publisher_module, "_pause", make_room)
     try:
-        publisher._send_bodies("bounded.key", [{"id": i} for i in range(3)])  # fills it
-        single = publisher._send_bodies("bounded.key", [{"id": "single"}])[0]
+        publisher.send_bodies("bounded.key", [{"id": i} for i in range(3)])  # fills it
+        single = publisher.send_bodies("bounded.key", [{"id": "single"}])[0]
         assert len(drained) == 3  # one pause: the queue was full once
-        batch = publisher._send_bodies("bounded.key", [{"id": i} for i in range(3, 8)])
+        batch = publisher.send_bodies("bounded.key", [{"id": i} for i in range(3, 8)])
         stored = _ids(drained) + _ids(rmq.get_all(queue))
         expected = [single.message_id, *(r.message_id for r in batch)]
         assert sorted(stored[3:]) == sorted(expected)  # each once, none lost
@@ -180,9 +180,9 @@ def test_a_nack_that_lasts_raises_after_the_bounded_pauses(rmq, monkeypatch):
     pauses: list[float] = []
     monkeypatch.setattr(publisher, "_pause", pauses.append)
     try:
-        first = get_publisher()._send_bodies("bounded.key", [{"id": 0}])[0]
+        first = get_publisher().send_bodies("bounded.key", [{"id": 0}])[0]
         with pytest.raises(NackedError):
-            get_publisher()._send_bodies("bounded.key", [{"id": 1}])[0]
+            get_publisher().send_bodies("bounded.key", [{"id": 1}])[0]
         assert pauses == list(publisher.nack_pauses())
         assert sum(pauses) == pytest.approx(app_settings.PUBLISH_NACK_WAIT)
         assert _ids(rmq.get_all(queue)) == [first.message_id]
@@ -195,10 +195,10 @@ def test_the_wait_for_a_nack_to_pass_is_a_setting_and_really_waited(rmq, setting
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = _bounded_queue(rmq, 1)
     try:
-        first = get_publisher()._send_bodies("bounded.key", [{"id": 0}])[0]
+        first = get_publisher().send_bodies("bounded.key", [{"id": 0}])[0]
         t0 = time.monotonic()
         with pytest.raises(NackedError):
-            get_publisher()._send_bodies("bounded.key", [{"id": 1}])[0]
+            get_publisher().send_bodies("bounded.key", [{"id": 1}])[0]
         waited = time.monotonic() - t0
         # Pauses of 0.5 s and 1 s, three publishes refused: counted, and really waited (a
         # lower bound only: a loaded host may take longer, never shorter).

@@ -78,14 +78,14 @@ def test_send_raises_at_once_naming_the_message_and_the_publisher_goes_on(rmq, w
 
 @pytest.mark.parametrize("bad", sorted(BAD))
 def test_send_many_refuses_the_culprit_and_publishes_the_others_once(rmq, where, bad):
-    """``send_many``'s pipeline (``Publisher._publish``) with the culprit in the middle of
+    """``send_many``'s pipeline (``Publisher.send_items``) with the culprit in the middle of
     one batch (``send_many`` itself shares one set of properties: its items are built here)."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     items = publisher.outgoing("test.other", [{"id": i} for i in range(50)])
     culprit = publisher.outgoing("test.other", [{"id": "culprit"}], **_kwargs(bad))[0]
     items.insert(25, culprit)
     with pytest.raises(MessageRefused) as info:
-        publisher.get_publisher()._publish(items)
+        publisher.get_publisher().send_items(items)
     assert repr(culprit.message_id) in str(info.value)
     assert info.value.failed == [culprit.message_id]
     assert len(info.value.confirmed) == 50
@@ -222,7 +222,7 @@ def test_a_message_to_an_exchange_refused_with_403_is_found_and_the_rest_flow(rm
     culprit = publisher.outgoing("test.other", [{"id": "culprit"}], exchange=internal)[0]
     items.insert(10, culprit)
     with pytest.raises(MessageRefused, match="403") as info:
-        publisher.get_publisher()._publish(items)
+        publisher.get_publisher().send_items(items)
     assert info.value.failed == [culprit.message_id]
     ids, count = _counted(rmq, rmq.queue("gamma"))
     assert _first_seen(ids) == list(range(20))

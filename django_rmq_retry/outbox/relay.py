@@ -190,7 +190,7 @@ def publish_pending(
         unreachable: PublishError | None = None
         stream = outgoing()
         try:
-            sent = (publisher or get_publisher())._stream(stream)
+            sent = (publisher or get_publisher()).stream_items(stream)
         except PublishError as exc:  # rows without an answer stay as they are
             unreachable = exc
             sent = getattr(exc, "sent", [])

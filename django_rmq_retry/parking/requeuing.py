@@ -190,7 +190,7 @@ def requeue(
     # confirms are in: the database writes one chunk's marks while the next is published.
     settle = functools.partial(_settle, token=token, user=user, mode=mode, using=using)
     marks = _Marks(settle, result) if ahead else None
-    # The chunks flow into one stream of confirms (``Publisher._batches``): the next
+    # The chunks flow into one stream of confirms (``Publisher.stream_batches``): the next
     # chunk is written while the broker confirms the last, and each is marked once answered.
     in_flight: collections.deque[list[_Stored]] = collections.deque()
 
@@ -239,7 +239,7 @@ def requeue(
             progress(result)
 
     try:
-        publisher._batches(
+        publisher.stream_batches(
             batches(), answered, window=REQUEUE_WINDOW, most=CHUNKS_IN_FLIGHT, deadline=deadline
         )
     except PublishError as exc:

@@ -10,7 +10,7 @@ has its answer, while the chunks after it are already on the wire.
 Trouble is not handled inside the stream: a nack in a finished batch ends it, and so does a
 lost connection, a closed channel or a stall. The publisher then brings the batches still
 in flight to an answer the careful way (one reconnect, nacks published again after pauses) and starts a new stream for the rest
-(``Publisher._batches``).
+(``Publisher.stream_batches``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ One pipeline (``broker.Pipeline``: many confirms in flight) carries every messag
 ``send`` included, with one reconnect rule (a connection lost mid-publish is replaced and
 what got no answer is published again, once: at-least-once) and one nack rule (a nacked
 message is published again after pauses of up to ``PUBLISH_NACK_WAIT`` seconds in all, see
-:func:`nack_pauses`). The outbox relay's stream (:meth:`Publisher._stream`) neither
+:func:`nack_pauses`). The outbox relay's stream (:meth:`Publisher.stream_items`) neither
 reconnects nor pauses: the relay keeps what got no answer, and backs a nacked row off.
 """
 
@@ -128,8 +128,17 @@ class Publisher:
     threads, so nothing here holds a lock while it waits (for a confirm, a pause after a
     nack, a connect): a neighbour never waits behind it.
 
-    The methods are the package's own (``Topic``, the outbox relay, the requeue); users
-    publish through ``Topic.send``, ``send_many``, ``send_on_commit`` and the outbox.
+    Users publish through ``Topic.send``, ``send_many``, ``send_on_commit`` and the outbox.
+    The package's own callers use four methods:
+
+    - :meth:`send_bodies` (``Topic``): encode bodies, publish them, return their
+      :class:`PublishResult` once every one is confirmed;
+    - :meth:`send_items` (deferred tasks): the same for messages already built;
+    - :meth:`stream_items` (the outbox relay): a lazy source, each message's answer told;
+    - :meth:`stream_batches` (the requeue): batch after batch, each handed back answered.
+
+    ``_send_batch`` and ``_send_stream`` are the transport under them, the part
+    ``testing``'s in-memory publisher replaces.
     """
 
     def __init__(self, url: str | None = None, *, declare: bool | None = None) -> None:
@@ -228,7 +237,7 @@ class Publisher:
         raise AssertionError("unreachable")
 
     # Publishing ---------------------------------------------------------------------------
-    def _send_bodies(
+    def send_bodies(
         self,
         routing_key: str,
         bodies: Iterable[Any],
@@ -238,11 +247,11 @@ class Publisher:
         exchange: str | None = None,
         **properties: Any,
     ) -> list[PublishResult]:
-        """``Topic.send`` and ``send_many``: encode, publish, return once all are confirmed.
+        """Encode ``bodies`` as messages for ``routing_key`` and publish them; returns their
+        :class:`PublishResult`, in order, once the broker confirmed every one.
 
-        Raises ``PublishError`` (``NackedError``, ``UnroutableError``) unless the broker
-        confirmed every message; it carries ``confirmed`` (the :class:`PublishResult` of
-        each message the broker did confirm) and ``failed`` (the others' message ids).
+        For ``Topic.send`` and ``send_many``. Raises as :meth:`send_items` does; a body that
+        is not JSON serialisable raises ``TypeError`` before anything is sent.
         """
         items = outgoing(
             routing_key,
@@ -253,11 +262,19 @@ class Publisher:
             **properties,
         )
         if items:
-            self._publish(items)
+            self.send_items(items)
         return [PublishResult(i.message_id, i.exchange, i.routing_key) for i in items]
 
-    def _publish(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
-        """Publish ``items`` pipelined; raise unless every one was confirmed (ack, not returned)."""
+    def send_items(self, items: list[broker.Outgoing], window: int = BATCH_WINDOW) -> None:
+        """Publish ``items`` pipelined; returns once the broker confirmed every one (acked,
+        not returned).
+
+        Otherwise raises ``PublishError``: ``MessageRefused`` for a message the broker refuses
+        for what it carries, ``NackedError``, ``UnroutableError``, or ``PublishError`` itself
+        when some message got no answer (the broker could not be reached after one
+        reconnect, the channel closed, no confirm in time). Its ``confirmed`` and ``failed``
+        say which of ``items`` the broker did confirm.
+        """
         self._answer(items, window)
         refused = [i for i in items if i.refused]
         if refused:
@@ -304,7 +321,7 @@ class Publisher:
                 return  # every message was answered: the failures are per message
             raise
 
-    def _stream(
+    def stream_items(
         self, items: Iterable[broker.Outgoing | None], window: int = BATCH_WINDOW
     ) -> list[broker.Outgoing]:
         """Publish ``items`` as the iterable yields them; return them, each answered.
@@ -327,7 +344,7 @@ class Publisher:
         window: int,
         sent: list[broker.Outgoing] | None = None,
     ) -> None:
-        """The transport's part of :meth:`_stream` and :meth:`_batches`
+        """The transport's part of :meth:`stream_items` and :meth:`stream_batches`
         (``testing`` has its own): ``sent`` (if given) collects what was published."""
         # What may lack an answer if the broker refuses one message: the caller's list, or
         # (a stream of any length: the requeue's) only the recent items, not the stream.
@@ -361,7 +378,7 @@ class Publisher:
             self._drop()
             raise _stream_error(sent, "the broker did not confirm every message in time")
 
-    def _batches(
+    def stream_batches(
         self,
         batches: Iterable[Batch | None],
         answered: Callable[[Batch], None],
@@ -371,6 +388,8 @@ class Publisher:
     ) -> None:
         """Publish batch after batch in one stream of confirms; ``answered(batch)`` runs on
         this thread once each of a batch's items has its final answer, in the batches' order.
+        Returns once the source is spent and every batch was handed back: what became of
+        each message is on its item (``confirmed``, ``nacked``, ``returned``, ``refused``).
 
         The next batches are written while the broker confirms the last (see
         :mod:`.batch_stream`), at most ``most`` batches in flight at once (when given: their

@@ -48,4 +48,4 @@ def publish_deferred(
         }
     )
     props["headers"] = headers
-    get_publisher()._publish([broker.Outgoing(way.exchange, way.routing_key, data, props)])
+    get_publisher().send_items([broker.Outgoing(way.exchange, way.routing_key, data, props)])

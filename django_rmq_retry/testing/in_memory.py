@@ -307,7 +307,7 @@ class _MemoryPublisher(Publisher):
         self, items: Iterable[Any], window: int, sent: list[Any] | None = None
     ) -> None:
         for item in items:  # each answered at once: a lazy source may wait for answers
-            if item is not None:  # None: "nothing yet" (see Publisher._stream)
+            if item is not None:  # None: "nothing yet" (see Publisher.stream_items)
                 self._send_batch([item], window)
                 if sent is not None:
                     sent.append(item)

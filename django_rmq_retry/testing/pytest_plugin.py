@@ -94,7 +94,7 @@ def _rmq_real_broker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     ):
         yield
         return
-    original = Publisher._send_bodies
+    original = Publisher.send_bodies
     told: list[bool] = []
     test = request.node.nodeid
 
@@ -112,8 +112,8 @@ def _rmq_real_broker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
             warnings.warn(text, RealBrokerWarning, stacklevel=_outside_us())
         return original(self, *args, **kwargs)
 
-    Publisher._send_bodies = guarded  # type: ignore[method-assign]
+    Publisher.send_bodies = guarded  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Publisher._send_bodies = original  # type: ignore[method-assign]
+        Publisher.send_bodies = original  # type: ignore[method-assign]

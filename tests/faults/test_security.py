@@ -91,7 +91,7 @@ def test_password_never_in_exceptions_or_logs(rmq, where):
     try:
         publisher = Publisher(URLS[where], declare=False)
         with pytest.raises(PublishError) as info:
-            publisher._publish(
+            publisher.send_items(
                 [Outgoing("", "nowhere", b"{}", {"content_type": "application/json"})]
             )
     finally:
