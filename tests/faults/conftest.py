@@ -180,6 +180,17 @@ def procs() -> Iterator[list[Child]]:
             kill(p)
 
 
+def undeclare(rmq: Any) -> None:
+    """Delete this test's queues (the ``rmq`` fixture declared them with the suite's queue
+    type), so that a test of another queue type can declare them again as its own."""
+    from django_rmq_retry.conf import current_plan
+    from django_rmq_retry.registry import default_registry
+
+    for q in current_plan(default_registry.all(), rmq.names).queues:
+        with contextlib.suppress(Exception):
+            rmq.ch().queue_delete(q.name)
+
+
 def queues_empty(rmq: Any) -> bool:
     """Every receiver, delay and orphan queue of this test's prefix is empty."""
     from django_rmq_retry.conf import current_plan

@@ -28,7 +28,7 @@ from django.test import override_settings
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.publishing.publisher import reset_publisher
 from tests.conftest import read_log, wait_for
-from tests.faults.conftest import Tally, depths, output, record, settle, spawn, stop
+from tests.faults.conftest import Tally, depths, output, record, settle, spawn, stop, undeclare
 from tests.testapp.events import other
 
 pytestmark = [
@@ -97,6 +97,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_parked_not_dropped(rmq, pr
     from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 
     conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum"}
+    undeclare(rmq)  # declared by the rmq fixture with the suite's queue type
     with override_settings(RMQ_RETRY=conf):
         reset_publisher()
         try:
@@ -155,6 +156,7 @@ def test_a_quorum_queue_declared_without_the_limit_says_how_to_migrate(rmq):
     from django.core.management.base import CommandError
 
     conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum"}
+    undeclare(rmq)  # declared by the rmq fixture with the suite's queue type
     with override_settings(RMQ_RETRY=conf):
         queue = rmq.queue("gamma")
         rmq.ch().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
@@ -179,6 +181,7 @@ def test_a_process_killing_message_past_20_deaths_is_parked_and_spares_its_neigh
     """
     limit = 25
     conf = {**settings.RMQ_RETRY, "QUEUE_TYPE": "quorum", "DELIVERY_LIMIT": limit}
+    undeclare(rmq)  # declared by the rmq fixture with the suite's queue type
     with override_settings(RMQ_RETRY=conf):
         reset_publisher()
         try:
