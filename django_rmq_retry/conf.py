@@ -100,8 +100,7 @@ DEFAULTS: dict[str, Any] = {
     "DISCOVER_MODULE": "receivers",
     # Seconds a parked-row claim may stay unfinished before another requeue may take it over.
     "REQUEUE_CLAIM_TIMEOUT": 300,
-    # Rows per batch for requeue, discard and purge (1,000 rather than 500: half the
-    # statements, and a faster requeue on PostgreSQL in bench/run.py requeue).
+    # Rows per batch for requeue, discard and purge; a larger batch means fewer statements.
     "BATCH_SIZE": 1000,
     # Transactional outbox (docs/howto/outbox.md): Topic.send writes a row in the
     # current database transaction and the relay publishes it once that commits. False keeps

@@ -125,10 +125,11 @@ class ParkedClaim(models.Model):
     Two runs (two operators, a double click) never publish one row twice: a row is published
     only by the run whose claim row was inserted (the primary key refuses a second), and
     marked requeued only while that claim stands. A narrow table of its own rather than a
-    status on the parked row: that was an UPDATE of a wide row with a dozen indexes to claim
-    and another to release (~65 µs of PostgreSQL's time each, per row); an INSERT here costs
-    ~17 µs and the release ~5 µs. Claims older than ``REQUEUE_CLAIM_TIMEOUT`` (a run killed
-    mid-way) are deleted by the next run, which may then publish those rows again.
+    status on the parked row: a status would be an UPDATE of a wide row with a dozen indexes
+    to claim and another to release; an INSERT here and its release cost PostgreSQL a
+    fraction of that per row (see bench/README.md). Claims older than
+    ``REQUEUE_CLAIM_TIMEOUT`` (a run killed mid-way) are deleted by the next run, which may
+    then publish those rows again.
     """
 
     parked_id = models.BigIntegerField(_("parked message"), primary_key=True)

@@ -40,9 +40,9 @@ class OperationsMixin(admin.ModelAdmin):
     #: (gunicorn's default is 30 s).
     requeue_time_budget: float | None = 20.0
     #: Seconds of that budget kept for what follows the run's deadline: the batches in
-    #: flight confirmed and marked, the claims released, the capped count of what is left
-    #: (at a million rows, ``bench/scale.py --bulk``, these took seconds: without the reserve
-    #: a 20-second budget made a click of about 25).
+    #: flight confirmed and marked, the claims released, the capped count of what is left.
+    #: Over a large table these take seconds: without the reserve a click would overrun its
+    #: budget by as much (see bench/README.md).
     requeue_end_reserve: float = 5.0
 
     # Actions --------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class OperationsMixin(admin.ModelAdmin):
             result = getattr(exc, "result", None) or parking.RequeueResult()
             broker_error = str(exc)
         # What is left, counted as the list counts: an uncapped count after a large requeue
-        # walks the rows it just updated (2.8 s at 1,000,000 rows).
+        # walks the rows it just updated (seconds over a large table; see bench/README.md).
         remaining = (
             _capped_count(queryset.filter(status=ParkedStatus.PARKED), COUNT_CAP)
             if result.stopped

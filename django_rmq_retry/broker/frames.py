@@ -2,10 +2,10 @@
 
 pika writes a ``basic.publish`` as three frame objects (method, content header, body), each
 built from objects of its own (the method, the header, the properties) and marshalled
-through a chain of calls: about a fifth of a requeue's CPU (``bench/profile.py requeue
---gil``), and as much of ``send_many``'s. The layout is fixed by AMQP 0-9-1
-and few values vary, so :func:`publish_frames` writes the same bytes directly
-(``tests/test_frames.py`` compares them with pika's on generated input). A name AMQP
+through a chain of calls: a measurable share of a requeue's CPU and of ``send_many``'s
+(see bench/README.md). The layout is fixed by AMQP 0-9-1 and few values vary, so
+:func:`publish_frames` writes the same bytes directly (``tests/test_frames.py`` compares
+them with pika's on generated input). A name AMQP
 cannot carry takes pika's own path, and so does a pika whose channel cannot be written to
 this way (``pikaext.FrameWriter``, which writes these bytes: this module is pure).
 """

@@ -1,11 +1,12 @@
 """Message properties encoded once, as the broker receives them, and published as they are.
 
 A message written to the outbox is published later by a relay, often by another process.
-Storing only the properties as JSON made the relay decode that JSON, rebuild pika's
-properties object and encode it again for every row: about 40 % of the relay's CPU, which
-on a small host is CPU the broker then lacks. The sender has the properties at hand, so it
-encodes them to their AMQP form once (:func:`encode_properties`) and the relay hands those
-bytes to the connection (:class:`Encoded`) without looking inside.
+Were only the properties stored as JSON, the relay would decode that JSON, rebuild pika's
+properties object and encode it again for every row: a measurable share of the relay's CPU
+(see bench/README.md), which on a small host is CPU the broker then lacks. The sender has
+the properties at hand, so it encodes them to their AMQP form once
+(:func:`encode_properties`) and the relay hands those bytes to the connection
+(:class:`Encoded`) without looking inside.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def encode_properties(properties: Mapping[str, Any]) -> bytes:
     """``properties`` (our names, pika's values) as the content header carries them.
 
     The same bytes pika writes (``tests/test_wire.py`` compares them on generated input), at
-    about a third of the CPU: pika builds a properties object per message and encodes its
-    header table value by value through a chain of ``isinstance`` checks, which was the
-    largest cost of publishing a requeued message (a table of six headers). Values of any
+    a fraction of the CPU (see bench/README.md): pika builds a properties object per message
+    and encodes its header table value by value through a chain of ``isinstance`` checks, a
+    large cost of publishing a requeued message (a table of six headers). Values of any
     other type than the usual ones (decimals, datetimes, subclasses) and every error take
     pika's own path, so what pika accepts, refuses and raises stays the same.
 

@@ -107,9 +107,9 @@ def route(
 
     With ``landing_ms`` the levels hold the delay less at least ``landing_ms`` (whole units,
     rounded down) and the copy reaches its queue that much early; the consumer holds it
-    unacked until ``due_ms`` (``landing_wait``). Every level RabbitMQ crosses adds 1–2 ms and
-    a tail of tens of ms (``bench/hops.py``): landing early and waiting out the rest in the
-    consumer is what puts a retry's receiver on its due time.
+    unacked until ``due_ms`` (``landing_wait``). Every level RabbitMQ crosses adds a little
+    time, with a long tail (see bench/README.md): landing early and waiting out the rest in
+    the consumer is what puts a retry's receiver on its due time.
     """
     res = levels.resolution_ms
     delay_ms = levels.units_for(delay_s * 1000) * res
@@ -140,13 +140,12 @@ def landing_wait(due: object, now_ms: float, most_ms: int, due_us: object = None
 
     ``due`` is the copy's due header (epoch ms) as it arrived: anything but an integer (a
     foreign client's value, none at all) means no wait. ``due_us`` is the same time to the
-    microsecond (the ``due-us`` header, since 2026-11): taken only when it is an integer that
-    rounds up to ``due``, so it can move the wait by less than a millisecond and a copy
-    from an older version (no ``due-us``) waits for ``due``. Whole milliseconds put ~10
-    copies failed within one ms on the same instant, and they queued behind each other at
-    the receiver thread (bench: p50 2.5 ms from release to start). ``most_ms`` bounds the
-    wait, so a clock that differs from the publisher's, or a due header far ahead, delays a
-    message by at most that much.
+    microsecond (the ``due-us`` header): taken only when it is an integer that rounds up to
+    ``due``, so it can move the wait by less than a millisecond and a copy from an older
+    version (no ``due-us``) waits for ``due``. Whole milliseconds would put the copies that
+    failed within one millisecond on the same instant, to queue behind each other at the
+    receiver thread. ``most_ms`` bounds the wait, so a clock that differs from the
+    publisher's, or a due header far ahead, delays a message by at most that much.
     """
     if not _an_int(due):
         return 0.0

@@ -62,8 +62,8 @@ def traceback_text(exc: BaseException) -> str:
     prints, with each frame formatted once per process (:func:`_frame_text`).
 
     Formatting a frame reads its source line and, since Python 3.11, parses it to place the
-    ``^^^`` markers: ~40 µs a frame, most of a parked message's cost when a bad deploy parks
-    thousands of messages a second, all failing in the same few places.
+    ``^^^`` markers: costly per frame, most of a parked message's cost when a bad deploy
+    parks thousands of messages a second, all failing in the same few places.
     """
     try:
         return "".join(_chain(exc, set()))
@@ -97,7 +97,7 @@ def _chain(exc: BaseException, seen: set[int]) -> list[str]:
 
 def _exception_only(exc: BaseException) -> list[str]:
     """The last line(s): ``module.Type: message``. The plain case is written here (the
-    standard library builds a ``TracebackException`` for it: ~25 µs); a syntax error, notes
+    standard library builds a whole ``TracebackException`` for it); a syntax error, notes
     or a failing ``__str__`` go through ``traceback``."""
     klass = type(exc)
     if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:

@@ -4,16 +4,16 @@
 
 ``bulk_create`` writes one placeholder per value (30 columns × 200 rows: 6,000), which
 Django compiles field by field and psycopg parses again for every statement (its cache
-takes statements of at most 50 parameters), then quotes value by value in Python: ~400 µs
-of CPU per parked row, more than the whole budget of a consumer parking a flood of
-failures. On PostgreSQL with psycopg 3 :func:`insert_rows` sends one array per column
-instead::
+takes statements of at most 50 parameters), then quotes value by value in Python: more
+CPU per parked row than the whole budget of a consumer parking a flood of failures (see
+bench/README.md). On PostgreSQL with psycopg 3 :func:`insert_rows` sends one array per
+column instead::
 
     INSERT INTO t (a, b, ...) SELECT a, b::jsonb, ... FROM unnest($1::varchar(255)[], ...)
     WITH ORDINALITY ... ORDER BY ordinality RETURNING id
 
 bound server-side in binary: the same statement for any batch size, every value dumped
-in C, ~50 µs a row. Other databases (and psycopg 2) get ``bulk_create``.
+in C, a fraction of that cost per row. Other databases (and psycopg 2) get ``bulk_create``.
 
 A purge of a large table must not hold locks (or grow the transaction log) for minutes, so
 deletes go by primary key in batches.
@@ -127,9 +127,9 @@ def ids_in(ids: Sequence[int], using: str) -> Q:
 
     ``= ANY(array)``, not ``IN (SELECT unnest(array))``: the planner knows how many keys an
     array holds and goes through the primary key whatever the table's statistics say. With
-    the subquery it guessed from statistics; right after 100,000 rows were parked (before
-    autovacuum analysed them) it scanned every parked row for each 500-key batch instead,
-    and a requeue's marks took over a second per statement.
+    the subquery it guesses from statistics: right after many rows were parked (before
+    autovacuum analysed them) it can scan every parked row for each batch instead, and a
+    requeue's marks then cost what the table holds, not what the batch holds.
     """
     if connections[using].vendor == "postgresql":
         return Q(_AnyOf(models.F("pk"), list(ids)))
@@ -143,8 +143,8 @@ def delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
     last_pk: Any = None
     while True:
         # Keyset: each batch starts after the previous one's last key, so it never walks
-        # again over the index entries of rows already deleted (dead until vacuum): at
-        # 200,000 rows the first-rows-again query made a purge several times slower.
+        # again over the index entries of rows already deleted (dead until vacuum), which a
+        # query for the first rows again would walk at every batch of a large purge.
         batch = rows if last_pk is None else rows.filter(pk__gt=last_pk)
         ids = list(batch.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:

@@ -8,8 +8,8 @@ reads the list slice by slice, newest first, each slice the next rows by ``parke
 bounds read from that index alone):
 
 * the first slice, :data:`FIRST_SLICE` rows, is read row by row (a word the newest rows
-  hold is found there, without building the full-text index's bitmap of every match, which
-  costs ~60 ms for a word in 666,000 rows);
+  hold is found there, without building the full-text index's bitmap of every match,
+  which is costly over a large table);
 * each next one is a ``BitmapAnd`` of the filter's indexes and the slice's ``parked_at``
   range, so only matching rows touch the heap. A slice holds at most as many rows as
   ``work_mem`` keeps an exact bitmap of (4 MB: 65,536 heap pages, one per row at worst);

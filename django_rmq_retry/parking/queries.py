@@ -86,10 +86,10 @@ class WordsMatch(Expression):
         if connection.vendor != "postgresql":
             return compiler.compile(self.fallback)
         sql, params = compiler.compile(self.target)
-        # Each word as a substring first (ILIKE, ~1 µs a row), the full-text test (building
-        # the row's tsvector, ~5 µs) only for rows that pass: when PostgreSQL walks the list's
-        # order instead of reading the GIN index, most rows are ruled out cheaply. A whole-word
-        # match always contains each word's letters, so this drops no match.
+        # Each word as a substring first (ILIKE, cheap), the full-text test (building the
+        # row's tsvector, far costlier) only for rows that pass: when PostgreSQL walks the
+        # list's order instead of reading the GIN index, most rows are ruled out cheaply. A
+        # whole-word match always contains each word's letters, so this drops no match.
         likes = [f"{sql} ILIKE %s" for _ in self._tokens()]
         like_params = [p for token in self._tokens() for p in (*params, f"%{_escape_like(token)}%")]
         match = (
