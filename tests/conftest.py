@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,6 +290,39 @@ def timed_pauses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     return pauses
 
 
+class VirtualClock:
+    """The monotonic clock of the publisher's nack pauses (and a requeue's deadline),
+    driven by the test: each pause moves it on instead of sleeping, and nothing else does.
+    A deadline is then met or missed by the pauses alone, whatever the host's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+        #: Each pause taken: ``(start, seconds)`` on this clock.
+        self.pauses: list[tuple[float, float]] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append((self.now, seconds))
+        self.now += seconds
+
+
+@pytest.fixture
+def virtual_pauses(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """A :class:`VirtualClock` for ``publishing.publisher`` and ``parking.requeuing``: give
+    them a ``deadline`` on ``clock.now``, read the pauses from ``clock.pauses``."""
+    from django_rmq_retry.parking import requeuing
+    from django_rmq_retry.publishing import publisher
+
+    clock = VirtualClock()
+    time_of_its_own = types.SimpleNamespace(monotonic=clock.monotonic)
+    monkeypatch.setattr(publisher, "time", time_of_its_own)
+    monkeypatch.setattr(requeuing, "time", time_of_its_own)
+    monkeypatch.setattr(publisher, "_pause", clock.pause)
+    return clock
+
+
 class ConfirmAll:
     """A publisher whose broker confirms everything at once (a requeue's database side):
     ``sent`` holds (exchange, routing key, body, properties) of each message, ``waits`` the
@@ -386,6 +420,29 @@ class Child:
         finally:
             self._out.close()
         return self.output(), None
+
+
+def held_until(go: Path, code: str) -> str:
+    """``manage.py shell -c`` code for children that start together: once Django is up it
+    says so (a ``<go>.ready.<pid>`` file beside ``go``), waits for the file ``go``, then
+    runs ``code``. :func:`all_ready` waits for them; no test sleeps for a start-up."""
+    return (
+        "import os, pathlib, time\n"
+        f"go = pathlib.Path({str(go)!r})\n"
+        "go.with_name(f'{go.name}.ready.{os.getpid()}').touch()\n"
+        "while not go.exists(): time.sleep(0.01)\n"
+        f"{code}"
+    )
+
+
+def all_ready(go: Path, count: int) -> None:
+    """Until ``count`` children of :func:`held_until` said they are up (``tests.waiting``'s
+    generous deadline: a loaded host can take many seconds to start Django)."""
+    from tests import waiting
+
+    waiting.until(
+        f"{count} children up", lambda: len(list(go.parent.glob(f"{go.name}.ready.*"))) >= count
+    )
 
 
 def start_consumer(prefix: str, log: Path, *args: str, **env_extra: str) -> Child:

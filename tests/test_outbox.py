@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -19,7 +21,7 @@ from django_rmq_retry import Topic
 from django_rmq_retry.models import OutboxMessage, OutboxStatus, RetryPolicy
 from django_rmq_retry.outbox import RelayRound, publish_pending, relay
 from django_rmq_retry.publishing.publisher import reset_publisher
-from tests.conftest import read_log, start_consumer, wait_for
+from tests.conftest import all_ready, held_until, read_log, start_consumer, wait_for
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -114,16 +116,22 @@ def test_a_broker_down_at_commit_keeps_the_rows_for_the_relay(rmq):
     assert OutboxMessage.objects.count() == 0
 
 
-def test_unroutable_rows_back_off_then_are_held_for_an_operator(rmq):
+def test_unroutable_rows_back_off_then_are_held_for_an_operator(rmq, monkeypatch):
     nobody = Topic("test.nobody-listens")
     call_command("rmq_consume", setup_only=True, verbosity=0)
     with override_settings(RMQ_RETRY=_conf(rmq, OUTBOX_MAX_ATTEMPTS=2)):
+        before = timezone.now()
         nobody.send({"id": 1}, outbox=True)  # autocommit: published at once, returned
         row = OutboxMessage.objects.get()
         assert (row.status, row.attempts) == (OutboxStatus.PENDING, 1)
         assert "unroutable" in row.last_error and "test.nobody-listens" in row.last_error
-        assert row.available_at > timezone.now()  # backing off
-        assert publish_pending().claimed == 0  # not due yet
+        # Backing off: due the first refusal's delay after the round that published it, so
+        # no sooner than that after the send (how much of it is left is the host's business).
+        assert row.available_at >= before + timedelta(seconds=relay.REFUSED_FIRST_DELAY)
+        with monkeypatch.context() as m:  # a round on the relay's clock, a moment before due
+            just_before = row.available_at - timedelta(microseconds=1)
+            m.setattr(relay, "timezone", SimpleNamespace(now=lambda: just_before))
+            assert publish_pending().claimed == 0  # not due yet
         OutboxMessage.objects.update(available_at=timezone.now())
         assert publish_pending().held == 1
         row.refresh_from_db()
@@ -273,20 +281,12 @@ def test_several_relays_share_the_rows_without_publishing_one_twice(rmq, procs_o
     connection.close()  # SQLite: let the children write
     env = subprocess_env(rmq.prefix, rmq.log, RMQ_OUTBOX_BATCH="20")
     go = rmq.log.with_name("go")  # the relays start together once all three are up
-    starter = (
-        f"import time, pathlib\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)"
+    starter = held_until(
+        go, "from django.core.management import call_command\ncall_command('rmq_relay', once=True)"
     )
     for _ in range(3):
-        procs_outbox(
-            [
-                "shell",
-                "-c",
-                starter + "\nfrom django.core.management import "
-                "call_command\ncall_command('rmq_relay', once=True)",
-            ],
-            env,
-        )
-    time.sleep(3)  # Django's start-up in each child
+        procs_outbox(["shell", "-c", starter], env)
+    all_ready(go, 3)
     go.write_text("go")
     published = []
     for child in procs_outbox.started:

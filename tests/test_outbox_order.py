@@ -23,7 +23,7 @@ from django.test import override_settings
 from django_rmq_retry.models import OutboxMessage
 from django_rmq_retry.outbox import publish_pending
 from django_rmq_retry.outbox.drain import publish_all
-from tests.conftest import ROOT, Child, subprocess_env
+from tests.conftest import ROOT, Child, all_ready, held_until, subprocess_env
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -62,10 +62,8 @@ def test_three_relays_keep_the_order_of_transactions_of_thousands_of_rows(rmq, t
     connection.close()  # SQLite: let the children write
     env = subprocess_env(rmq.prefix, rmq.log)
     go = tmp_path / "go"  # the relays start together once all three are up
-    starter = (
-        f"import time, pathlib\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)"
-        "\nfrom django.core.management import call_command"
-        "\ncall_command('rmq_relay', once=True)"
+    starter = held_until(
+        go, "from django.core.management import call_command\ncall_command('rmq_relay', once=True)"
     )
     children = [
         Child(
@@ -76,7 +74,7 @@ def test_three_relays_keep_the_order_of_transactions_of_thousands_of_rows(rmq, t
         for _ in range(RELAYS)
     ]
     try:
-        time.sleep(3)  # Django's start-up in each child
+        all_ready(go, RELAYS)
         go.write_text("go")
         started = time.monotonic()
         published = []

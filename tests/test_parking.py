@@ -296,7 +296,7 @@ def test_requeue_to_topic_reaches_every_receiver(rmq):
 
 
 @pytest.mark.broker
-def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, timed_pauses):
+def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, virtual_pauses):
     """The admin's click has a budget (``deadline``); a receiver queue that nacks (here a
     reject-publish policy, in life a cluster node stopping) used to hold the run for the
     pauses of ``PUBLISH_NACK_WAIT`` (20 s) past it. Now no pause ends after the deadline:
@@ -325,13 +325,14 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, timed_pauses
     )  # fmt: skip
     try:
         assert wait_for(refusing, 15, 0.3)
-        deadline = time.monotonic() + 1.2
+        # On the pauses' own clock: 0.5 s fits in 1.2 s, the next (1 s) does not.
+        deadline = virtual_pauses.now + 1.2
         result = parking.requeue(ParkedMessage.objects.all(), user="op", deadline=deadline)
     finally:
         rabbitmqctl("clear_policy", policy)
         probe.close()
-    assert timed_pauses, "the broker nacked: at least the first pause fits in the budget"
-    assert all(start + seconds <= deadline for start, seconds in timed_pauses)
+    assert [seconds for _start, seconds in virtual_pauses.pauses] == [0.5]
+    assert all(start + seconds <= deadline for start, seconds in virtual_pauses.pauses)
     assert (result.requeued, result.failed) == (0, 3)
     assert all("refused" in error for error in result.errors)
     assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"parked"}

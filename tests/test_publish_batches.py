@@ -110,7 +110,7 @@ def test_a_nack_that_lasts_is_an_answer_after_the_bounded_pauses(rmq, monkeypatc
         rmq.ch().queue_delete(queue)
 
 
-def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, timed_pauses):
+def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, virtual_pauses):
     """With ``deadline`` no pause after a nack ends past it (``PUBLISH_NACK_WAIT`` is 20 s
     here): what is still nacked then is the answer, and every batch is handed back."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
@@ -118,7 +118,7 @@ def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, 
     batches = _batches(queue, [4, 4, 4])
     answered: list[list[Outgoing]] = []
     try:
-        deadline = time.monotonic() + 1.2
+        deadline = virtual_pauses.now + 1.2  # the pauses' own clock: 0.5 s fits, 1 s not
         Publisher(declare=False).stream_batches(
             iter(batches), answered.append, window=100, deadline=deadline
         )
@@ -126,8 +126,8 @@ def test_a_deadline_cuts_the_pauses_after_nacks_and_leaves_the_rest_nacked(rmq, 
         items = [item for batch in batches for item in batch]
         assert [item.state for item in items].count("ack") == 5
         assert [item.state for item in items].count("nack") == 7
-        assert timed_pauses
-        assert all(start + seconds <= deadline for start, seconds in timed_pauses)
+        assert virtual_pauses.pauses
+        assert all(start + seconds <= deadline for start, seconds in virtual_pauses.pauses)
         assert sorted(_stored_ids(rmq, queue)) == sorted(i.message_id for i in items if i.confirmed)
     finally:
         rmq.ch().queue_delete(queue)
