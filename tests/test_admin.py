@@ -24,6 +24,7 @@ from django_rmq_retry.admin import ParkedMessageAdmin
 from django_rmq_retry.admin import parked_actions as admin_module
 from django_rmq_retry.admin.preview import body_preview, hex_dump
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus, RetryPolicy
+from tests.conftest import wait_for
 from tests.testapp.events import work
 
 ALPHA = "tests.testapp.consumers.alpha"
@@ -481,7 +482,7 @@ def test_time_budget_stops_between_batches_and_a_rerun_finishes_without_duplicat
         [("success", success.format(50))],
     ]
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == 250
-    time.sleep(0.2)
+    assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= 250, 30)
     assert rmq.depth(rmq.queue("alpha")) == 250  # every row once, none twice
     entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
     assert len(entries) == 3
@@ -518,7 +519,7 @@ def test_the_budget_keeps_a_reserve_for_the_end_and_the_count_left_is_capped(
     entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
     assert "stopped by the time budget with 120+ left" in entries[0]
     assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 50
-    time.sleep(0.2)
+    assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= 200, 30)
     assert rmq.depth(rmq.queue("alpha")) == 200  # each requeued row once
 
 
@@ -828,7 +829,7 @@ def test_two_operators_requeueing_the_same_rows_at_once_never_publish_one_twice(
                 requeued += int(text.split()[1])
     assert requeued == n, results
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
-    time.sleep(0.2)
+    assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= n, 30)
     assert rmq.depth(rmq.queue("alpha")) == n
     assert LogEntry.objects.count() == 2
 

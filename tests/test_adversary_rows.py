@@ -29,7 +29,7 @@ from django.utils import timezone
 from django_rmq_retry import Topic, parking, signals
 from django_rmq_retry.conf import current_names
 from django_rmq_retry.models import ParkedClaim, ParkedMessage
-from tests.conftest import ROOT, read_log, start_consumer, subprocess_env
+from tests.conftest import ROOT, read_log, start_consumer, subprocess_env, wait_for
 from tests.testapp.events import work
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -413,9 +413,7 @@ def test_a_process_that_published_closes_its_connection_when_it_exits(rmq, how):
                 out.append(line + " " + (lines[i + 1] if i + 1 < len(lines) else ""))
         return out
 
-    deadline = time.monotonic() + 10
-    while not closing_lines() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    assert wait_for(closing_lines, 60, 0.2)
     closed = closing_lines()
     assert len(closed) == 1, closed
     assert "unexpectedly" not in closed[0], closed[0]

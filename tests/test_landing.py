@@ -90,64 +90,79 @@ def test_a_held_job_starts_at_its_time_not_when_the_landing_hands_it_over():
     assert all(started[i] >= due[i] for i in due), {i: started[i] - due[i] for i in due}
 
 
-def _pool_run(started: dict[str, float], slow: dict[str, float], count: int) -> Any:
-    """A pool's ``run`` and ``done`` that note when each job started; ``slow`` sleeps."""
-    finished = threading.Event()
+def _pool_run(started: dict[str, tuple[float, str]], gates: dict[str, threading.Event]) -> Any:
+    """A pool's ``run`` that notes when and on which thread each job started, then waits
+    for its gate (if it has one) to open; ``done`` is a no-op."""
 
     def run(d: str) -> None:
-        started[d] = time.monotonic()
-        time.sleep(slow.get(d, 0.0))
+        started[d] = (time.monotonic(), threading.current_thread().name)
+        if d in gates:
+            assert gates[d].wait(60), f"{d}'s gate never opened"
 
     def done(job: Job) -> None:
-        if len(started) == count:
-            finished.set()
+        pass
 
-    return run, done, finished
+    return run, done
+
+
+def _with_the_copy_early(pool: DaemonPool) -> bool:
+    """Whether the landing handed the copy over and a thread took it (it waits out the rest
+    of its time with it); polled with a generous deadline."""
+    return wait_for(lambda: pool.held == 0 and pool._queue.empty(), timeout=30)
 
 
 def test_a_thread_holding_a_copy_early_runs_fresh_work_at_once(monkeypatch):
     """One thread holds a copy handed over early; a fresh delivery arrives: it runs at once,
-    and the copy still starts at its time. (The lead is stretched to 0.5 s so that a
-    thread that waited with the copy would show.)"""
-    monkeypatch.setattr(landing_module, "LEAD", 0.5)
-    started: dict[str, float] = {}
-    run, done, finished = _pool_run(started, {}, 2)
-    due = time.monotonic() + 1.0
+    and the copy goes back to the landing until its time. The lead is stretched to a minute
+    and the copy is due in one: a thread that waited with the copy would start the fresh
+    delivery a minute late, whatever the host's speed (nothing here races a clock)."""
+    monkeypatch.setattr(landing_module, "LEAD", 60.0)
+    started: dict[str, tuple[float, str]] = {}
+    run, done = _pool_run(started, {})
+    due = time.monotonic() + 60.0
     pool = DaemonPool(1, "test-pool", run, done, hold=lambda d: due - time.monotonic())
     try:
         pool.submit(Job("copy"))  # type: ignore[arg-type]
-        time.sleep(0.75)  # handed over at 0.5 s: the copy is with the thread, waiting
+        assert _with_the_copy_early(pool)
         pool._hold = None  # the next delivery is fresh: no wait
-        sent = time.monotonic()
         pool.submit(Job("fresh"))  # type: ignore[arg-type]
-        assert finished.wait(10)
+        assert wait_for(lambda: "fresh" in started, timeout=30), started
+        assert "copy" not in started  # not run before its time
+        assert wait_for(lambda: pool.held == 1, timeout=30)  # given back to the landing
     finally:
         pool.shutdown()
-    assert started["fresh"] - sent < 0.15, started  # not 0.25 s later, after the copy
-    assert started["copy"] >= due
 
 
 def test_a_copy_held_early_goes_to_whichever_thread_is_free_at_its_time(monkeypatch):
-    """Thread X runs a blocker until 1.1 s; thread Y holds a copy due at 1.0 s, then takes a
-    fresh delivery that runs until 1.55 s: Y gives the copy back, and X starts it once free
-    (~1.1 s), not Y after its fresh one."""
-    monkeypatch.setattr(landing_module, "LEAD", 0.5)
-    started: dict[str, float] = {}
-    run, done, finished = _pool_run(started, {"blocker": 1.1, "fresh": 0.8}, 3)
-    t0 = time.monotonic()
-    due = t0 + 1.0
-    holds = {"blocker": 0.0, "copy": 1.0, "fresh": 0.0}
+    """Thread X runs a blocker; thread Y holds a copy handed over early, then takes a fresh
+    delivery that runs until the test lets it finish: Y gives the copy back, and X starts
+    it once free and the copy due, while Y still runs the fresh one. The copy is due 3 s
+    after it is submitted; the blocker and the fresh one end on the test's word, not a
+    clock (only a host stalled past those 3 s before the fresh delivery arrives would
+    see Y start the copy itself)."""
+    monkeypatch.setattr(landing_module, "LEAD", 30.0)
+    started: dict[str, tuple[float, str]] = {}
+    gates = {"blocker": threading.Event(), "fresh": threading.Event()}
+    run, done = _pool_run(started, gates)
+    holds = {"blocker": False, "copy": True, "fresh": False}
     pool = DaemonPool(2, "test-pool", run, done, hold=lambda d: holds[d] and due - time.monotonic())
     try:
         pool.submit(Job("blocker"))  # type: ignore[arg-type]
+        assert wait_for(lambda: "blocker" in started, timeout=30)
+        due = time.monotonic() + 3.0
         pool.submit(Job("copy"))  # type: ignore[arg-type]
-        time.sleep(0.75)
+        assert _with_the_copy_early(pool)
         pool.submit(Job("fresh"))  # type: ignore[arg-type]
-        assert finished.wait(10)
+        assert wait_for(lambda: "fresh" in started, timeout=30), started
+        gates["blocker"].set()  # X is free; Y runs the fresh one until told
+        assert wait_for(lambda: "copy" in started, timeout=60), started
+        assert not gates["fresh"].is_set()  # the copy did not wait for Y
     finally:
+        for gate in gates.values():
+            gate.set()
         pool.shutdown()
-    assert started["copy"] >= due
-    assert started["copy"] - t0 < 1.45, {k: v - t0 for k, v in started.items()}
+    assert started["copy"][0] >= due  # never before its time
+    assert started["copy"][1] == started["blocker"][1] != started["fresh"][1]
 
 
 @pytest.mark.parametrize("value", [-1, 10_001, 1.5, "50", None, True])
@@ -307,11 +322,19 @@ def test_a_foreign_due_header_holds_a_message_no_longer_than_the_landing(
                 headers={rmq.names.header("due"): value},
             ),
         )
-        started = time.monotonic()
-        call_command("rmq_consume", "landing_probe", max_messages=2, verbosity=0)
-        took = time.monotonic() - started
+        probe = default_registry.find("landing_probe", rmq.names.prefix)
+        assert probe is not None
+        consumer = Consumer([probe], consume_orphans=False, max_messages=2)
+        thread = threading.Thread(target=consumer.run)
+        thread.start()
+        try:
+            # Bounded: both runs come within a generous minute; an hour-long hold would not.
+            assert wait_for(lambda: len(runs) == 2, timeout=60), runs
+        finally:
+            consumer.request_stop()
+            thread.join(30)
+        assert not thread.is_alive()
     assert [r["attempt"] for r in runs] == [1, 2]
-    assert took < 20  # bounded: an hour-long hold would never get here
     assert ParkedMessage.objects.count() == 0
 
 
