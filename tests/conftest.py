@@ -6,6 +6,7 @@ Broker tests never skip: if RabbitMQ is unreachable the test fails and says how 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import queue
@@ -23,6 +24,7 @@ from typing import Any
 import pika
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.test import override_settings
 
 from django_rmq_retry.conf import current_plan
@@ -184,8 +186,23 @@ def registry_snapshot() -> Iterator[None]:
         v.topics[:] = saved_topics[k]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "undeclared: the rmq fixture leaves the test's prefix with nothing declared (a test "
+        "of what a send or a consumer meets before rmq_setup ran)",
+    )
+
+
+def declare_for(request: pytest.FixtureRequest) -> None:
+    """Declare the topology again if the test has a broker slice (``rmq``): a fixture that
+    registers receivers calls it, so their queues exist before the test sends."""
+    if "rmq" in request.fixturenames and not request.node.get_closest_marker("undeclared"):
+        request.getfixturevalue("rmq").setup()
+
+
 @pytest.fixture
-def dbapp(registry_snapshot: None) -> Any:
+def dbapp(registry_snapshot: None, request: pytest.FixtureRequest) -> Any:
     """``tests.faults.dbapp.consumers`` with its receivers registered in this process (and
     forgotten afterwards). The module is imported again each time: importing it registers
     them once, and an earlier test's ``registry_snapshot`` may have forgotten them since."""
@@ -196,7 +213,9 @@ def dbapp(registry_snapshot: None) -> Any:
     for rec in default_registry.all():
         if rec.name.startswith(consumers.__name__ + "."):
             default_registry.unregister(rec.func)
-    return importlib.reload(consumers)
+    module = importlib.reload(consumers)
+    declare_for(request)
+    return module
 
 
 @pytest.fixture
@@ -214,6 +233,13 @@ class Rmq:
         self.names = Names(prefix)
         self.conn = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
         self.channel = self.conn.channel()
+
+    def setup(self) -> None:
+        """Declare this prefix's topology for every registered receiver, the way a deploy
+        does (``rmq_consume --setup-only``): the suite runs the default
+        ``DECLARE_ON_SEND=False``, so nothing is declared by a send. The ``rmq`` fixture
+        calls it once; a test that registers receivers of its own calls it again."""
+        call_command("rmq_consume", "--setup-only", stdout=io.StringIO())
 
     def ch(self) -> Any:
         if not self.conn.is_open:
@@ -256,8 +282,14 @@ class Rmq:
 
 
 @pytest.fixture
-def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rmq]:
-    """A unique prefix in settings, a clean publisher, a per-test handling log, cleanup after."""
+def rmq(
+    broker_ok: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> Iterator[Rmq]:
+    """A unique prefix in settings, its topology declared (unless the test is marked
+    ``undeclared``), a clean publisher, a per-test handling log, cleanup after."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
     _PREFIXES.add(prefix)
     log = tmp_path / "handled.jsonl"
@@ -268,6 +300,8 @@ def rmq(broker_ok: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         helper = Rmq(prefix)
         helper.log = log  # type: ignore[attr-defined]
         try:
+            if not request.node.get_closest_marker("undeclared"):
+                helper.setup()
             yield helper
         finally:
             reset_publisher()

@@ -26,10 +26,10 @@ RMQ_RETRY = {
     "QUEUE_TYPE": env("RMQ_QUEUE_TYPE", default="classic"),
     "POLICY_CACHE_SECONDS": 1,
     "ASYNC_CONCURRENCY": env.int("RMQ_ASYNC_CONCURRENCY", default=100),
-    # Each test has a prefix of its own and many send before any consumer declared it: the
-    # suite keeps the declare-on-first-send. tests/test_permissions.py runs the default
-    # (False) with a write-only RabbitMQ user.
-    "DECLARE_ON_SEND": env.bool("RMQ_DECLARE_ON_SEND", default=True),
+    # The default (False), as users run: tests/conftest.py's ``rmq`` fixture declares each
+    # test's topology the way a deploy does (``rmq_consume --setup-only``). Tests whose
+    # subject is declare-on-send set it themselves.
+    "DECLARE_ON_SEND": env.bool("RMQ_DECLARE_ON_SEND", default=False),
 }
 LOGGING = {
     "version": 1,

@@ -156,6 +156,7 @@ def test_wrong_password_is_reported_as_such(rmq):
         call_command("rmq_consume", "gamma", verbosity=0)
 
 
+@pytest.mark.undeclared  # the queue is declared here first, with other arguments
 def test_queue_declared_elsewhere_with_other_arguments_is_named(rmq):
     rmq.ch().queue_declare(rmq.queue("gamma"), durable=True, arguments={"x-max-length": 10})
     with pytest.raises(CommandError) as info:

@@ -403,6 +403,7 @@ def test_list_says_up_to_for_jittered_delays(settings):
 
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.undeclared
 def test_a_send_before_the_topology_is_declared_says_to_run_rmq_setup(rmq, settings):
     from django_rmq_retry.core.errors import PublishError
     from django_rmq_retry.publishing.publisher import reset_publisher

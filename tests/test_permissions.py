@@ -78,6 +78,7 @@ def test_a_write_only_user_sends_after_rmq_setup(rmq, users):
     assert rmq.depth(rmq.queue("gamma")) == 1
 
 
+@pytest.mark.undeclared  # the send itself would declare it all
 def test_a_write_only_user_cannot_declare_on_send(rmq, users):
     """What DECLARE_ON_SEND=True (the behaviour before it existed) does to such a user."""
     with _as(users["publisher"], PREFIX=rmq.prefix, DECLARE_ON_SEND=True):
@@ -112,6 +113,7 @@ def test_a_read_write_user_consumes_what_rmq_setup_declared(rmq, users):
     assert done == [0, 1, 2], out  # id 0 failed once: its retry went through the delay levels
 
 
+@pytest.mark.undeclared  # its queue is missing
 def test_a_consumer_without_configure_names_a_missing_queue(rmq, users):
     """Nothing declared: the read+write consumer cannot create its queue and says what to run."""
     proc = start_consumer(

@@ -252,6 +252,7 @@ def test_receiver_can_ask_for_a_delay(rmq, registry_snapshot):
 
 
 @pytest.mark.parametrize("queue_type", ["quorum"])
+@pytest.mark.undeclared  # declared here, with quorum queues
 def test_quorum_queues_count_exactly_too(rmq, queue_type):
     from django.conf import settings
 
