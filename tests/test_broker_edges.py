@@ -83,7 +83,7 @@ def test_publisher_recovers_after_its_connection_is_closed_by_the_broker(
     other.send({"id": 1})
     name = f"django-rmq-retry publisher {rmq.prefix} pid {os.getpid()}"
     sock = publisher.get_publisher()._connection.raw._impl._transport._sock
-    assert wait_for(lambda: close_connections(name) == 1, 10)
+    assert wait_for(lambda: close_connections(name) == 1, 60)
     # The broker's close reached our socket (what the idle check would read).
     assert wait_for(lambda: select.select([sock], [], [], 0)[0], 30)
     other.send({"id": 2})  # reconnects by itself
@@ -115,7 +115,7 @@ def test_consumer_resumes_after_its_connection_is_killed(rmq):
             lambda: len([e for e in read_log(rmq.log) if e["event"] == "done"]) == 10, 30
         )
         name = f"django-rmq-retry consumer {rmq.prefix} pid {proc.pid}"
-        assert wait_for(lambda: close_connections(name) == 1, 10)
+        assert wait_for(lambda: close_connections(name) == 1, 60)
         for i in range(10, 20):
             other.send({"id": i})
         assert wait_for(

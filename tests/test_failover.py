@@ -87,7 +87,7 @@ def test_consumer_reconnects_to_the_next_url(rmq):
         other.send({"id": 1})
         assert wait_for(lambda: done(rmq) == {1}, 30)
         name = f"django-rmq-retry consumer {rmq.prefix} pid {proc.pid}"
-        assert wait_for(lambda: close_connections(name) == 1, 10)
+        assert wait_for(lambda: close_connections(name) == 1, 60)
         other.send({"id": 2})
         assert wait_for(lambda: done(rmq) == {1, 2}, 30)
     finally:

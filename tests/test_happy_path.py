@@ -79,7 +79,7 @@ def test_second_signal_exits_cold_and_loses_nothing(rmq):
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "cold exit" in out
-    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 1, 10)
+    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 1, 60)
 
 
 def test_threads_run_receivers_concurrently(rmq):

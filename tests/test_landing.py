@@ -290,7 +290,7 @@ def test_a_warm_stop_gives_a_held_copy_back_untouched_and_the_next_consumer_runs
         assert not thread.is_alive()
         assert [r["attempt"] for r in runs] == [1]
         assert consumer.stats.retried == 1 and consumer.stats.handled == 0
-        assert wait_for(lambda: rmq.depth(rmq.queue("landing_probe")) == 1, timeout=10)
+        assert wait_for(lambda: rmq.depth(rmq.queue("landing_probe")) == 1, timeout=60)
         call_command("rmq_consume", "landing_probe", max_messages=1, verbosity=0)
     assert [r["attempt"] for r in runs] == [1, 2]
     assert runs[1]["ms"] >= runs[1]["due"] - 1
@@ -364,11 +364,11 @@ def test_copies_held_past_one_window_widen_it_with_a_spare_consumer(
         thread.start()
         try:
             # Without the spare, two held copies fill the window and the rest wait queued.
-            assert wait_for(lambda: consumer._pool.held == 10, timeout=20), consumer._pool.held
+            assert wait_for(lambda: consumer._pool.held == 10, timeout=60), consumer._pool.held
             assert rmq.consumers(queue) == 2
             if not stop_while_held:
-                assert wait_for(lambda: len(runs) == 20, timeout=20), len(runs)
-                assert wait_for(lambda: rmq.consumers(queue) == 1, timeout=10)
+                assert wait_for(lambda: len(runs) == 20, timeout=60), len(runs)
+                assert wait_for(lambda: rmq.consumers(queue) == 1, timeout=60)
                 assert not consumer._spares.tags
         finally:
             consumer.request_stop()
@@ -378,7 +378,7 @@ def test_copies_held_past_one_window_widen_it_with_a_spare_consumer(
         if stop_while_held:
             assert consumer.stats.handled == 0
             assert [r["attempt"] for r in runs] == [1] * 10
-            assert wait_for(lambda: rmq.depth(queue) == 10, timeout=10)
+            assert wait_for(lambda: rmq.depth(queue) == 10, timeout=60)
             call_command("rmq_consume", "landing_probe", max_messages=10, verbosity=0)
         else:
             assert consumer.stats.handled == 10

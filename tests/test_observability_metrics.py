@@ -92,7 +92,7 @@ def test_scraped_counts_match_the_messages(rmq, processes, tmp_path):
         assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=60), proc.output()
         assert get(port, "/healthz/live")[0] == 200
         # The exec probes' files (under a supervisor: written by it for all children).
-        assert wait_for(lambda: (health / "ready").exists(), timeout=10)
+        assert wait_for(lambda: (health / "ready").exists(), timeout=60)
         touched = (health / "live").stat().st_mtime_ns
         # Kept fresh: touched again while the loops turn (each second).
         assert wait_for(lambda: (health / "live").stat().st_mtime_ns > touched, timeout=60)

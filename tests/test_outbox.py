@@ -48,7 +48,7 @@ def test_rows_commit_with_the_transaction_and_are_published_after_it(rmq):
         assert rmq.depth(rmq.queue("gamma")) == 0  # nothing leaves before the commit
         groups = set(OutboxMessage.objects.values_list("group", flat=True))
         assert len(groups) == 1  # one transaction, one group
-    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 5, 10)
+    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 5, 60)
     got = rmq.get_all(rmq.queue("gamma"))
     assert [p.message_id for _m, p, _b in got] == [r.message_id for r in results]  # in order
     assert OutboxMessage.objects.count() == 0  # deleted once confirmed
@@ -229,7 +229,7 @@ def test_a_send_inside_a_transaction_costs_one_insert(rmq):
             other.send({"id": 2}, outbox=True)
     assert [q["sql"].split()[0].upper() for q in first.captured_queries] == ["INSERT"]
     assert [q["sql"].split()[0].upper() for q in second.captured_queries] == ["INSERT"]
-    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 2, 10)
+    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 2, 60)
 
 
 def test_a_round_with_nothing_due_never_connects_to_the_broker(rmq, monkeypatch):
@@ -258,7 +258,7 @@ def test_send_many_through_the_outbox_is_one_insert_and_keeps_order(rmq):
         with pytest.raises(TypeError):  # a body that is not JSON serialisable writes nothing
             other.send_many([{"id": 9}, {"id": object()}], outbox=True)
     assert [q["sql"].split()[0].upper() for q in captured.captured_queries] == ["INSERT"]
-    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 5, 10)
+    assert wait_for(lambda: rmq.depth(rmq.queue("gamma")) == 5, 60)
     got = rmq.get_all(rmq.queue("gamma"))
     assert [p.message_id for _m, p, _b in got] == [r.message_id for r in results]
     assert OutboxMessage.objects.count() == 0

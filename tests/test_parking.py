@@ -324,7 +324,7 @@ def test_a_requeue_with_a_deadline_takes_no_nack_pause_past_it(rmq, virtual_paus
         rf"^{re.escape(queue)}$", '{"max-length": 0, "overflow": "reject-publish"}',
     )  # fmt: skip
     try:
-        assert wait_for(refusing, 15, 0.3)
+        assert wait_for(refusing, 60, 0.3)
         # On the pauses' own clock: 0.5 s fits in 1.2 s, the next (1 s) does not.
         deadline = virtual_pauses.now + 1.2
         result = parking.requeue(ParkedMessage.objects.all(), user="op", deadline=deadline)
@@ -665,7 +665,7 @@ def test_rows_waiting_for_their_commit_widen_the_window_with_a_spare_consumer(
     queue = alpha.queue_name(rmq.names.prefix)
     for i in range(30):
         work.send({"id": i, "reject": True, "only": ["alpha"]})
-    assert wait_for(lambda: rmq.depth(queue) == 30, 10)
+    assert wait_for(lambda: rmq.depth(queue) == 30, 60)
     window = 2 + 8
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "SPARE_PREFETCH": 8}):
         consumer = Consumer([alpha], consume_orphans=False, prefetch=2)

@@ -127,7 +127,7 @@ def test_rows_waiting_for_their_parked_commit_never_widen_the_window(rmq):
     queue = alpha.queue_name(rmq.names.prefix)
     for i in range(30):
         work.send({"id": i, "reject": True, "only": ["alpha"]})
-    assert wait_for(lambda: rmq.depth(queue) == 30, 10)
+    assert wait_for(lambda: rmq.depth(queue) == 30, 60)
     consumer = Consumer([alpha], consume_orphans=False, prefetch=PREFETCH)
     with _WritesHeld():
         stop = run_consumer(consumer)

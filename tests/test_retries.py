@@ -181,7 +181,7 @@ def test_retry_whose_queue_vanished_is_parked_as_orphaned(rmq):
     consume("gamma", max_messages=1)  # fails once: the copy waits 1 s in the delay levels
     gamma_queue = rmq.queue("gamma")
     rmq.ch().queue_delete(gamma_queue)
-    assert wait_for(lambda: rmq.depth(rmq.names.orphan_queue) == 1, timeout=10)
+    assert wait_for(lambda: rmq.depth(rmq.names.orphan_queue) == 1, timeout=60)
     consume("gamma", max_idle_time=1.5)
     row = ParkedMessage.objects.get()
     assert row.reason == "orphaned"

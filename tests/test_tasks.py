@@ -308,7 +308,7 @@ def _real_broker_round():
     # An operator requeues it (the same service as the admin's action): it runs again.
     requeue(ParkedMessage.objects.filter(pk=row.pk))
     consume("tasks.default.tests.tasksproject.tasks.always_fails", count=2, idle=10)
-    assert wait_for(lambda: (doomed.refresh(), len(doomed.errors) == 4)[1], 10)
+    assert wait_for(lambda: (doomed.refresh(), len(doomed.errors) == 4)[1], 60)
     assert [n for n, _a, _x in t.RUNS].count("always_fails") == 4
 
 

@@ -50,7 +50,7 @@ class Real:
         self.rmq.ch().queue_delete(self.rmq.queue(receiver))
 
     def wait_orphaned(self, count: int) -> None:
-        assert wait_for(lambda: self.rmq.depth(self.rmq.names.orphan_queue) == count, 15)
+        assert wait_for(lambda: self.rmq.depth(self.rmq.names.orphan_queue) == count, 60)
 
     def close(self) -> None:
         pass
