@@ -140,6 +140,7 @@ def test_unreachable_broker_is_one_clear_line_without_the_password(rmq):
             from django_rmq_retry.publishing.publisher import Publisher
 
             Publisher().send_bodies("x", [{}])
+    assert (pub.value.confirmed, len(pub.value.failed)) == ([], 1)  # nothing was published
     for text in (str(info.value), str(pub.value)):
         assert "cannot reach RabbitMQ at amqp://bob:***@127.0.0.1:1/%2F" in text
         assert "hunter2" not in text

@@ -429,8 +429,10 @@ def test_interrupted_requeue_can_be_rerun_with_nothing_twice_and_nothing_skipped
             for i in range(99)
         ]
     )
-    with pytest.raises(PublishError):
+    with pytest.raises(PublishError) as info:
         parking.requeue(ParkedMessage.objects.all(), batch_size=30, publisher=FailingAfter(45))
+    assert isinstance(info.value, parking.RequeueInterrupted)
+    assert info.value.partial.requeued == 45  # what the run did before the broker went away
     assert ParkedMessage.objects.filter(status="requeued").count() == 45
     assert ParkedMessage.objects.filter(status="parked").count() == 55  # claims released
     result = parking.requeue(ParkedMessage.objects.all(), batch_size=30)

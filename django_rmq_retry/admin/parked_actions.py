@@ -196,7 +196,9 @@ class OperationsMixin(admin.ModelAdmin):
         except RmqRetryError as exc:
             # The broker went away: confirmed rows are marked, the rest were released.
             logger.exception("requeue from the admin stopped")
-            result = getattr(exc, "result", None) or parking.RequeueResult()
+            result = parking.RequeueResult()
+            if isinstance(exc, parking.RequeueInterrupted):
+                result = exc.partial
             broker_error = str(exc)
         # What is left, counted as the list counts: an uncapped count after a large requeue
         # walks the rows it just updated (seconds over a large table; see bench/README.md).

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class Retry(Exception):
     """Raised by a receiver to ask for another attempt, optionally after ``delay`` seconds.
@@ -33,7 +36,23 @@ class BrokerUnavailable(RmqRetryError):
 
 
 class PublishError(RmqRetryError):
-    """A message was not confirmed by the broker (nacked, unroutable or connection lost)."""
+    """A message was not confirmed by the broker (nacked, unroutable or connection lost).
+
+    Raised by a publish of several messages (``send_many``), it says which of them the
+    broker did confirm: ``confirmed`` holds their ``PublishResult`` and ``failed`` the
+    message ids of the others. Both are empty when the broker could not be reached at
+    all (nothing was published).
+    """
+
+    confirmed: list[Any]
+    failed: list[Any]
+
+    def __init__(
+        self, *args: object, confirmed: Iterable[Any] = (), failed: Iterable[Any] = ()
+    ) -> None:
+        super().__init__(*args)
+        self.confirmed = list(confirmed)
+        self.failed = list(failed)
 
 
 class UnroutableError(PublishError):
@@ -71,7 +90,14 @@ class MessageRefused(PublishError):
     over the broker's maximum message size, an exchange this login may not write to.
     Publishing it again will not help; the messages beside it are not concerned."""
 
-    def __init__(self, reason: str, message_id: object = None) -> None:
-        super().__init__(reason)
+    def __init__(
+        self,
+        reason: str,
+        message_id: object = None,
+        *,
+        confirmed: Iterable[Any] = (),
+        failed: Iterable[Any] = (),
+    ) -> None:
+        super().__init__(reason, confirmed=confirmed, failed=failed)
         self.reason = reason
         self.message_id = message_id

@@ -40,11 +40,10 @@ from django.utils import timezone
 
 from .. import broker
 from ..conf import app_settings
-from ..core.errors import PublishError
 from ..core.json_columns import headers_from_json
 from ..db.batches import ids_in
 from ..models import OutboxMessage, OutboxStatus
-from ..publishing.publisher import Publisher, get_publisher
+from ..publishing.publisher import Publisher, PublishOutcome, get_publisher
 
 logger = logging.getLogger("django_rmq_retry.outbox")
 
@@ -187,21 +186,18 @@ def publish_pending(
                     claimed[id(item)] = _Claim(row.id, row.attempts)
                     yield item
 
-        unreachable: PublishError | None = None
         stream = outgoing()
         try:
-            sent = (publisher or get_publisher()).stream_items(stream)
-        except PublishError as exc:  # rows without an answer stay as they are
-            unreachable = exc
-            sent = getattr(exc, "sent", [])
+            outcome = (publisher or get_publisher()).stream_items(stream)
         finally:  # a stream stopped early: its reader, then its cursor, before the DELETE
             for iterator in (stream, chunks, rows):
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
-        published, refused, held = _settle(claimed, sent, now, using)
-    if unreachable is not None:
-        raise unreachable
+        # Rows without an answer (the stream stopped: ``outcome.error``) stay as they are.
+        published, refused, held = _settle(claimed, outcome, now, using)
+    if outcome.error is not None:
+        raise outcome.error
     return RelayRound(published, refused, held, read[0], read[1] or None, read[2], read[0] >= limit)
 
 
@@ -439,14 +435,14 @@ def _properties(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def _settle(
-    claimed: dict[int, _Claim], answered: list[broker.Outgoing], now: datetime, using: str
+    claimed: dict[int, _Claim], outcome: PublishOutcome, now: datetime, using: str
 ) -> tuple[int, int, int]:
     """What the broker said about a round's messages, written down: the confirmed rows
     deleted, each refusal recorded. ``claimed`` maps ``id(message)`` to its row; messages
     without an answer are left as they are. Returns (published, refused, newly held)."""
-    done = [claimed[id(item)].id for item in answered if item.confirmed]
-    refused = [(claimed[id(item)], item) for item in answered if item.nacked or item.returned]
-    culprits = [(claimed[id(item)], item) for item in answered if item.refused]
+    done = [claimed[id(item)].id for item in outcome.confirmed]
+    refused = [(claimed[id(item)], item) for item in outcome.failed]
+    culprits = [(claimed[id(item)], item) for item in outcome.refused]
     if done:
         OutboxMessage.objects.using(using).filter(ids_in(done, using)).delete()
     held = _count_refusals(refused, now, using) + _hold_culprits(culprits, using)

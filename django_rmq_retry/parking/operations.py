@@ -48,7 +48,7 @@ from ..models import (
     RequeueItem,
     RequeueOperation,
 )
-from .requeuing import MODE_RECEIVER, MODE_TOPIC, requeue
+from .requeuing import MODE_RECEIVER, MODE_TOPIC, RequeueInterrupted, requeue
 
 logger = logging.getLogger("django_rmq_retry.operations")
 
@@ -449,10 +449,9 @@ def _send(op: RequeueOperation, size: int) -> int:
     except PublishError as exc:
         logger.warning("requeue operation #%s: broker unavailable (%s)", op.pk, exc)
         op.state_reason = f"Broker unavailable, will retry: {exc}"
-        partial = getattr(exc, "result", None)
-        if partial is None:
+        if not isinstance(exc, RequeueInterrupted):
             return 0
-        result = partial
+        result = exc.partial  # what the step did before the broker went away
     # requeued_ids holds every id of a run of at most MAX_STEP rows.
     # Only pending ones: a fast consumer may have reported a copy handled already.
     items.filter(parked_id__in=result.requeued_ids, state=ItemState.PENDING).update(

@@ -71,6 +71,21 @@ class RequeueResult:
             self.errors.append(text)
 
 
+class RequeueInterrupted(PublishError):
+    """The broker went away (or stopped answering) during a requeue.
+
+    ``partial`` is what the run did before it stopped: the rows the broker confirmed are
+    marked requeued and counted there, the others were released and stay parked (running
+    the requeue again continues, and requeues none of them twice).
+    """
+
+    partial: RequeueResult
+
+    def __init__(self, message: str, partial: RequeueResult) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
 def requeue_target(row: _Target, mode: str, names: Names) -> tuple[str, str, str | None]:
     """(exchange, routing key, target queue header) for a requeue of ``row``."""
     if mode == MODE_TOPIC:
@@ -150,7 +165,8 @@ def requeue(
 
     ``deadline`` (a ``time.monotonic()`` value) stops the run at the first batch boundary
     after it, with ``result.stopped`` set: running it again continues, and nothing is ever
-    requeued twice.
+    requeued twice. A broker that goes away meanwhile raises :class:`RequeueInterrupted`,
+    whose ``partial`` is the result so far.
 
     Call it outside any transaction of yours. Inside one (``ATOMIC_REQUESTS``, an
     ``atomic`` block) the claims and marks commit only with it, after the copies were
@@ -243,8 +259,8 @@ def requeue(
             batches(), answered, window=REQUEUE_WINDOW, most=CHUNKS_IN_FLIGHT, deadline=deadline
         )
     except PublishError as exc:
-        exc.result = result  # type: ignore[attr-defined]  # what was done before it stopped
-        raise
+        # What was done before it stopped (the ``finally`` marks the last confirmed rows first).
+        raise RequeueInterrupted(str(exc), result) from exc
     finally:
         if feed is not None:
             feed.stop()  # no claim is made after this returns

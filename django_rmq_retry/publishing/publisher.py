@@ -82,9 +82,11 @@ _pause = time.sleep  # (tests make the pause do something)
 encode_body = functools.partial(bodies.encode_body, encoder=DjangoJSONEncoder)
 
 _T = TypeVar("_T")
+_E = TypeVar("_E", bound=PublishError)
 
 __all__ = [
     "BATCH_WINDOW",
+    "PublishOutcome",
     "PublishResult",
     "Publisher",
     "build_properties",
@@ -98,6 +100,38 @@ class PublishResult:
     message_id: str
     exchange: str
     routing_key: str
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    """What the broker said of each message a stream published (:meth:`Publisher.stream_items`).
+
+    A message is in one list at most: ``confirmed`` (stored), ``failed`` (nacked, or
+    returned as unroutable: a later attempt may succeed) or ``refused`` (for what it
+    carries, ``item.refused`` says why: the same message will never be taken). A message
+    in none got no answer: ``error`` then says why the stream stopped (the broker could not
+    be reached, the channel closed, no confirm in time), and it may or may not be stored.
+    """
+
+    confirmed: list[broker.Outgoing]
+    failed: list[broker.Outgoing]
+    refused: list[broker.Outgoing]
+    error: PublishError | None = None
+
+    @classmethod
+    def of(
+        cls, sent: Iterable[broker.Outgoing], error: PublishError | None = None
+    ) -> PublishOutcome:
+        """The outcome of the messages ``sent``, each as its answer left it."""
+        confirmed, failed, refused = [], [], []
+        for item in sent:
+            if item.confirmed:
+                confirmed.append(item)
+            elif item.refused:
+                refused.append(item)
+            elif item.nacked or item.returned:
+                failed.append(item)
+        return cls(confirmed, failed, refused, error)
 
 
 def outgoing(
@@ -211,18 +245,20 @@ class Publisher:
         self,
         publish: Callable[[], _T],
         give_up: Callable[[ConnectionLost], PublishError | None],
+        unreachable: Callable[[str], PublishError],
     ) -> _T | None:
         """Run ``publish``; if the connection was lost, reconnect and run it once more.
 
         After a second loss ``give_up(exc)`` says what to raise (``None``: nothing was left
-        unconfirmed after all). A channel the broker closed (no such exchange, ...) is not
-        retried: the caller turns ``ChannelClosed`` into its own error.
+        unconfirmed after all); a broker that cannot be reached raises ``unreachable(why)``.
+        A channel the broker closed (no such exchange, ...) is not retried: the caller turns
+        ``ChannelClosed`` into its own error.
         """
         for attempt in (1, 2):
             try:
                 return publish()
             except BrokerUnavailable as exc:
-                raise PublishError(str(exc)) from exc
+                raise unreachable(str(exc)) from exc
             except ChannelClosed:
                 self._drop()
                 raise
@@ -286,8 +322,7 @@ class Publisher:
                 + (f"; {len(refused) - 1} more refused" if len(refused) > 1 else ""),
                 MessageRefused,
             )
-            error.message_id = first.message_id  # type: ignore[attr-defined]
-            error.reason = first.refused  # type: ignore[attr-defined]
+            error.message_id, error.reason = first.message_id, first.refused
             raise error
         nacked = sum(1 for i in items if i.nacked)
         returned = sum(1 for i in items if i.returned)
@@ -323,20 +358,24 @@ class Publisher:
 
     def stream_items(
         self, items: Iterable[broker.Outgoing | None], window: int = BATCH_WINDOW
-    ) -> list[broker.Outgoing]:
-        """Publish ``items`` as the iterable yields them; return them, each answered.
+    ) -> PublishOutcome:
+        """Publish ``items`` as the iterable yields them; returns what the broker said of
+        each one published (:class:`PublishOutcome`).
 
         For a lazy source (the outbox relay reading rows from a database cursor), so
         reading the next rows overlaps the broker's work on the last ones. A source that
         waits for the answers to what it gave yields ``None`` while it has nothing else:
         answers keep arriving meanwhile (items are answered as they come). No reconnect:
         if some item got no answer (connection lost, channel closed, no confirm in time)
-        this raises ``PublishError`` whose ``sent`` holds what was published so far (the
-        caller keeps the unanswered ones for later).
+        the stream stops there and the outcome's ``error`` says why (the caller keeps the
+        unanswered items for later). An exception of the source is raised as it is.
         """
         sent: list[broker.Outgoing] = []
-        self._send_stream(items, window, sent)
-        return sent
+        try:
+            self._send_stream(items, window, sent)
+        except PublishError as exc:
+            return PublishOutcome.of(sent, exc)
+        return PublishOutcome.of(sent)
 
     def _send_stream(
         self,
@@ -352,10 +391,10 @@ class Publisher:
         try:
             outcome = self._run(items, window, sink)
         except BrokerUnavailable as exc:
-            raise _stream_error(sent, str(exc)) from exc
+            raise PublishError(str(exc)) from exc
         except ConnectionLost as exc:
             self._drop()
-            raise _stream_error(sent, f"publish failed: {exc}") from exc
+            raise PublishError(f"publish failed: {exc}") from exc
         except BaseException:
             # The source raised, or a requeue's ``answered`` (its marks) did, with confirms
             # still pending: a pipeline with pending confirms is never used again, and its
@@ -369,14 +408,14 @@ class Publisher:
             try:
                 self._isolate(list(sink), outcome.refusal)
             except PublishError as exc:
-                raise _stream_error(sent, str(exc)) from exc
+                raise PublishError(str(exc)) from exc
             return
         if outcome.channel_error is not None:
             self._pipeline = None
-            raise _stream_error(sent, f"publish failed: {outcome.channel_error}")
+            raise PublishError(f"publish failed: {outcome.channel_error}")
         if outcome.timed_out:
             self._drop()
-            raise _stream_error(sent, "the broker did not confirm every message in time")
+            raise PublishError("the broker did not confirm every message in time")
 
     def stream_batches(
         self,
@@ -542,7 +581,10 @@ class Publisher:
                 return None
             return _batch_error(items, f"publish failed: {exc}", PublishError)
 
-        outcome = self._reconnecting(publish, give_up)
+        def unreachable(why: str) -> PublishError:
+            return PublishError(why, **_answers(items))
+
+        outcome = self._reconnecting(publish, give_up, unreachable)
         if outcome is None:
             return
         if outcome.refusal is not None:
@@ -588,21 +630,20 @@ class _Unanswered:
         return iter(self._items)
 
 
-def _batch_error(items: list[broker.Outgoing], text: str, kind: type[PublishError]) -> PublishError:
-    confirmed = [
-        PublishResult(i.message_id, i.exchange, i.routing_key) for i in items if i.confirmed
-    ]
-    failed = [i.message_id for i in items if not i.confirmed]
-    exc = kind(f"{text} ({len(confirmed)} of {len(items)} confirmed)")
-    exc.confirmed = confirmed  # type: ignore[attr-defined]
-    exc.failed = failed  # type: ignore[attr-defined]
-    return exc
+def _answers(items: Sequence[broker.Outgoing]) -> dict[str, list[Any]]:
+    """A ``PublishError``'s ``confirmed`` (the :class:`PublishResult` of each of ``items``
+    the broker confirmed) and ``failed`` (the others' message ids)."""
+    return {
+        "confirmed": [
+            PublishResult(i.message_id, i.exchange, i.routing_key) for i in items if i.confirmed
+        ],
+        "failed": [i.message_id for i in items if not i.confirmed],
+    }
 
 
-def _stream_error(sent: list[broker.Outgoing] | None, text: str) -> PublishError:
-    exc = PublishError(text)
-    exc.sent = sent or []  # type: ignore[attr-defined]
-    return exc
+def _batch_error(items: list[broker.Outgoing], text: str, kind: type[_E]) -> _E:
+    answers = _answers(items)
+    return kind(f"{text} ({len(answers['confirmed'])} of {len(items)} confirmed)", **answers)
 
 
 class _Slot:
