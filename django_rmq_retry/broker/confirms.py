@@ -312,7 +312,7 @@ class BatchOutcome:
     channel_error: str | None = None  # why the channel closed, if it did
     timed_out: bool = False
     #: The channel (or connection) closed because of what one message carried: which one of
-    #: those without an answer is for the publisher to find (``Publisher._isolate``).
+    #: those without an answer is for the publisher to find.
     refusal: str | None = None
 
 

@@ -221,8 +221,8 @@ def _lock_due_rows(
         pending = pending.filter(id__gt=after)
     if connections[using].vendor == "postgresql":
         # Lock the round's rows in one statement first: read FETCH by FETCH, another relay's
-        # round took the rows between two of this round's reads, and a big transaction ended
-        # up split between rounds that each had to stop at the other's stretch (``_gaps``).
+        # round can take rows between two of this round's reads, and a big transaction then
+        # ends up split between rounds that each stop at the other's stretch (``_gaps``).
         ids = list(
             pending.select_for_update(skip_locked=True)
             .order_by("id")
@@ -231,8 +231,8 @@ def _lock_due_rows(
         if not ids:
             return iter(())
         pending = pending.filter(id__gte=ids[0], id__lte=ids[-1])
-    # The JSON copy of the properties only where no encoded one is stored: decoding it for
-    # every row cost the relay as much CPU as reading the rest of the row.
+    # The JSON copy of the properties only where no encoded one is stored: decoding it is
+    # CPU spent on every row, and a row with the encoded copy never needs it.
     legacy = Case(When(wire_properties__isnull=True, then=F("properties")), default=None)
     return (
         pending.select_for_update(skip_locked=True)
@@ -311,10 +311,10 @@ def _earlier_rows(
 
     Each answer is one step down the (transaction, id) index, not a read of every earlier
     row: a big transaction drained in rounds leaves its deleted rows in the indexes until a
-    vacuum, and a query over all rows below the round (the first version) read more of them
-    each round (17-42 ms a round at 100,000 rows). ``above`` stops the step where an earlier
-    check of the same drain found nothing: without it, a key with no earlier row walks every
-    deleted row of its transaction each round."""
+    vacuum, and a query over all rows below the round would read more of them each round
+    (see bench/README.md). ``above`` stops the step where an earlier check of the same
+    drain found nothing: without it, a key with no earlier row walks every deleted row of
+    its transaction each round."""
     conn = connections[using]
     qn = conn.ops.quote_name
     table = qn(OutboxMessage._meta.db_table)

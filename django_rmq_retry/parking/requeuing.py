@@ -139,8 +139,9 @@ def _held_by(token: str, using: str) -> Exact:
 
     The claim's token compared per row, not ``EXISTS``: PostgreSQL turns an ``EXISTS`` into
     a join planned from the claims table's statistics, and without them (autovacuum off, or
-    claims inserted a moment ago) it chose a nested loop over every claim of the run for
-    each row, and a mark of 500 rows grew with the number of claims. A scalar subquery stays one primary-key probe per row, whatever the statistics say.
+    claims inserted a moment ago) it may choose a nested loop over every claim of the run
+    for each row: a mark then grows with the number of claims. A scalar subquery stays one
+    primary-key probe per row, whatever the statistics say.
     """
     claim = ParkedClaim.objects.using(using).filter(parked_id=OuterRef("pk"))
     return Exact(Subquery(claim.values("token")[:1]), token)
@@ -274,13 +275,14 @@ def requeue(
 
 #: A requeue batch is loaded and published in chunks of at most this many body bytes (or
 #: ``CHUNK_ROWS`` rows): with one chunk loading ahead and two in flight, memory is a few
-#: chunks for any body size (a larger chunk raised the peak memory of ``bench/run.py requeue``
-#: without making the requeue faster).
+#: chunks for any body size. A larger chunk only raises the peak memory: two in flight
+#: already keep the broker busy (see bench/README.md).
 CHUNK_BYTES = 2 * 1024 * 1024
 CHUNK_ROWS = 1000
 #: Requeued messages unconfirmed at once: throughput without a confirm per round trip, and
-#: at most this many sent twice when the connection drops mid-requeue. 1,000, as
-#: ``send_many``: a window of 200 kept the broker waiting for us (``bench/run.py requeue``).
+#: at most this many sent twice when the connection drops mid-requeue. The same as
+#: ``send_many``'s window: a smaller one leaves the broker waiting for the next messages
+#: while we wait for confirms (see bench/README.md).
 REQUEUE_WINDOW = 1000
 #: Chunks published and not yet answered at once: the broker always has the next chunk while
 #: the last is confirmed, and memory holds a few chunks of ``CHUNK_BYTES`` for any body size.
@@ -291,7 +293,8 @@ POLL_WAIT = 0.001
 
 class _Stored(NamedTuple):
     """The columns a requeue reads to publish a row again (and to say why it failed): no
-    model instance (~30 µs a row), not the traceback, the history or the error."""
+    model instance (its construction is CPU spent on every row for nothing the requeue
+    uses; see bench/README.md), not the traceback, the history or the error."""
 
     pk: int
     body: bytes
@@ -345,9 +348,9 @@ class _Claims:
         """The rows this run claimed (``ids``) still parked, in chunks of bounded bytes.
 
         Ids and body sizes first, then each chunk's rows by primary key, read to the end
-        before it is handed on: memory holds a chunk's bodies, never a fetch's worth (200
-        rows of 256 KiB were 50 MiB), and no read cursor stays open while the chunk is
-        published (on SQLite an open cursor blocks the requeue's own marks).
+        before it is handed on: memory holds a chunk's bodies, never a fetch's worth (a
+        fetch of 200 rows of 256 KiB is 50 MiB), and no read cursor stays open while the
+        chunk is published (on SQLite an open cursor blocks the requeue's own marks).
         """
         manager = ParkedMessage.objects.using(self.using)
         # Still parked: between the candidates' read and the claim another run may have

@@ -1,16 +1,16 @@
 """Batch after batch in one stream of confirms, each batch handed back once answered.
 
 A requeue publishes its rows chunk by chunk and marks each chunk in the database once the
-broker confirmed it. Published as one batch each, a chunk waited for its last confirm
-before the next was written: the broker idled while we built the next chunk, and we idled
-while it stored the last (about half the pace of ``send_many`` in ``bench/run.py requeue``). Here
-the chunks flow into one pipeline, and a chunk is handed back as soon as each of its items
-has its answer, while the chunks after it are already on the wire.
+broker confirmed it. Published as one batch each, a chunk would wait for its last confirm
+before the next is written: the broker idles while we build the next chunk, and we idle
+while it stores the last. Here the chunks flow into one pipeline, and a chunk is handed
+back as soon as each of its items has its answer, while the chunks after it are already
+on the wire.
 
 Trouble is not handled inside the stream: a nack in a finished batch ends it, and so does a
 lost connection, a closed channel or a stall. The publisher then brings the batches still
-in flight to an answer the careful way (one reconnect, nacks published again after pauses) and starts a new stream for the rest
-(``Publisher.stream_batches``).
+in flight to an answer the careful way (one reconnect, nacks published again after
+pauses) and starts a new stream for the rest (``Publisher.stream_batches``).
 """
 
 from __future__ import annotations

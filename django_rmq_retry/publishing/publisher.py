@@ -68,8 +68,8 @@ def nack_pauses() -> tuple[float, ...]:
     moving while a cluster node stops, a queue process restarting, or a full queue with
     ``overflow=reject-publish``. The first two pass, but not always in seconds: while a node
     stops, its queues' leaders refuse until the node is gone and the others have elected
-    new ones. On CI's small three-node cluster the nacks outlasted the fixed pauses used
-    before, for longer than the node took to stop; the wait is therefore a budget in seconds.
+    new ones, which takes as long as the cluster needs, not a number of tries: the wait is
+    therefore a budget in seconds.
     The last case raises ``NackedError`` once the wait is spent. A message routed to several
     queues may be stored again in those that did take it (same ``message_id``).
     """
@@ -202,9 +202,9 @@ class Publisher:
             and now - self._last_used > _IDLE_CHECK_AFTER
         ):
             # Only after a pause: in a busy loop every publish already does I/O on this
-            # connection (its confirm), and a poll per publish cost a tenth of a send. A
-            # connection that dies between two busy publishes fails that publish, which
-            # then reconnects and publishes again (the same at-least-once path).
+            # connection (its confirm), and a poll would add a pass of the I/O loop to each
+            # send. A connection that dies between two busy publishes fails that publish,
+            # which then reconnects and publishes again (the same at-least-once path).
             try:
                 self._connection.pump(0)
             except ConnectionLost:
