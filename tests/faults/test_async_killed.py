@@ -69,21 +69,28 @@ def test_async_receiver_consumer_sigkilled_repeatedly(rmq, procs, aio):
         expected[("delta", i)] = "parked" if body.get("fail") == "always" else "done"
         aio.aio_topic.send(body)
     t0 = time.monotonic()
+    kills = int(os.environ.get("FAULTS_ASYNC_KILLS", 8))
     running = kill_and_restart(
         rmq,
         procs,
         lambda: spawn(rmq, "delta", "--prefetch", "50", RMQ_TEST_ASYNC="1"),
-        kills=int(os.environ.get("FAULTS_ASYNC_KILLS", 8)),
+        kills=kills,
         seed=35,
     )
     tally = Tally(expected)
     settled = settle(rmq, tally, timeout=float(os.environ.get("FAULTS_SETTLE", 180)))
     for p in running:
         stop(p)
+    # Up to 50 receivers run at once (the prefetch window): a message can be running at
+    # DELIVERY_LIMIT of the kills and be parked as delivery_limit, done or not (a CI run
+    # parked ('delta', 295) so): what the product promises, accounted for, never lost.
+    by_deaths = tally.parked_by_deaths(kills)
     wrong_attempts = [
         f"{k}: {row.reason} after {row.attempts} attempts"
         for k, row in tally.parked.items()
-        if expected.get(k) == "parked" and (row.reason != "exhausted" or row.attempts != 3)
+        if expected.get(k) == "parked"
+        and k not in by_deaths
+        and (row.reason != "exhausted" or row.attempts != 3)
     ]
     record(
         "1 with async def receivers, SIGKILLed",
@@ -92,16 +99,19 @@ def test_async_receiver_consumer_sigkilled_repeatedly(rmq, procs, aio):
         parked=tally.parked_count,
         duplicates=tally.duplicates,
         lost=len(tally.lost),
-        notes=f"async def receiver, concurrency 100, {time.monotonic() - t0:.0f}s",
+        notes=f"async def receiver, concurrency 100, {kills} SIGKILLs, "
+        f"{len(by_deaths)} parked by the delivery limit, {time.monotonic() - t0:.0f}s",
     )
     assert settled, f"not settled; lost so far: {tally.lost[:20]}"
     assert tally.lost == []
-    assert tally.wrong_outcome() == []
+    assert tally.wrong_outcome(deaths=kills) == []
     assert wrong_attempts == []
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django 6.0+")
 def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
+    from django_rmq_retry.conf import app_settings
+    from django_rmq_retry.core.budget import UNSEEN_CAUSE
     from django_rmq_retry.models import ParkedMessage, TaskResultRecord
     from tests.tasksproject import tasks as t
 
@@ -139,15 +149,26 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
         running = launch()
         procs.append(running)
 
+    def parked_by_deaths() -> set[str]:
+        """Tasks running at DELIVERY_LIMIT of the kills: parked as delivery_limit, as the
+        product promises (tests/faults/conftest.py), accounted for, never lost."""
+        if kills < int(app_settings.DELIVERY_LIMIT):
+            return set()
+        rows = ParkedMessage.objects.filter(
+            reason="delivery_limit", reason_detail__contains=UNSEEN_CAUSE
+        )
+        return set(rows.values_list("message_id", flat=True))
+
     def missing() -> list[str]:
         finished = dict(
             TaskResultRecord.objects.filter(status="SUCCESSFUL").values_list("id", "status")
         )
         parked = set(ParkedMessage.objects.values_list("message_id", flat=True))
+        by_deaths = parked_by_deaths()
         return [
             rid
             for rid, outcome in want.items()
-            if (outcome == "SUCCESSFUL" and rid not in finished)
+            if (outcome == "SUCCESSFUL" and rid not in finished and rid not in by_deaths)
             or (outcome == "parked" and rid not in parked)
         ]
 
@@ -164,11 +185,12 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
         parked=ParkedMessage.objects.count(),
         duplicates=0,
         lost=len(lost),
-        notes=f"{kills} SIGKILLs; sync, flaky, async and failing tasks",
+        notes=f"{kills} SIGKILLs; sync, flaky, async and failing tasks; "
+        f"{len(parked_by_deaths())} parked by the delivery limit",
     )
     assert lost == []
     assert settled
     wrong = ParkedMessage.objects.exclude(
         message_id__in=[r for r, o in want.items() if o == "parked"]
-    )
+    ).exclude(message_id__in=parked_by_deaths())
     assert list(wrong.values_list("receiver", "reason")) == []
