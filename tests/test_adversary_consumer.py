@@ -24,6 +24,7 @@ from django_rmq_retry.models import DeliveryStart, ParkedMessage
 from tests.conftest import BROKER_URL, Child, rabbitmqctl_cmd, read_log, wait_for
 from tests.faults.conftest import kill, spawn, stop
 from tests.testapp.events import other, work
+from tests.waiting import consuming
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -102,6 +103,7 @@ def test_a_retry_copy_the_broker_keeps_refusing_ends_parked_after_the_limit(rmq,
     call_command("rmq_consume", setup_only=True, verbosity=0)
     proc = spawn(rmq, "alpha", "--threads", "2")
     procs.append(proc)
+    consuming(rmq, rmq.queue("alpha"), child=proc)  # started: Django, then the broker
     for i in range(10):
         work.send({"id": i})
     # Once it consumes (it declares the topology when it connects), the copies' way closes.
@@ -181,6 +183,7 @@ def test_a_row_the_database_refuses_even_stripped_is_held_not_looped(rmq, procs)
         work.send({"id": "held", "reject": True, "only": ["alpha"]})
         proc = spawn(rmq, "alpha", "--threads", "2")
         procs.append(proc)
+        consuming(rmq, queue, child=proc)  # started: Django, then the broker
         assert wait_for(lambda: runs(rmq, "held") >= 1, 30)
         for i in range(10):
             work.send({"id": i})
@@ -225,6 +228,7 @@ def test_a_row_met_by_a_database_lock_is_held_and_parked_whole_never_stripped(rm
         work.send({"id": "locked", "reject": True, "only": ["alpha"]}, headers={"note": "keep"})
         proc = spawn(rmq, "alpha", RMQ_TEST_SQLITE_TIMEOUT="1")
         procs.append(proc)
+        consuming(rmq, queue, child=proc)  # started: Django, then the broker
         assert wait_for(lambda: runs(rmq, "locked") == 1, 30)
         # The batch fails after 1 s, the row alone after 2: the stripped row would wait for
         # the lock and be stored once it is released, here.
@@ -248,9 +252,18 @@ def test_a_slow_message_retried_handler_does_not_hold_up_acks(rmq, procs):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     queue = rmq.queue("gamma")
     other.send({"id": "alerting", "fail": 1})
-    proc = spawn(rmq, "gamma", "--threads", "2", RMQ_TEST_SLOW_RETRY_SIGNAL="12")
+    release = rmq.log.with_name("release-handler")
+    # The handler sleeps until the test releases it (at most 300 s, a deadline, not a bound).
+    proc = spawn(
+        rmq,
+        "gamma",
+        "--threads",
+        "2",
+        RMQ_TEST_SLOW_RETRY_SIGNAL="300",
+        RMQ_TEST_SLOW_RETRY_RELEASE=str(release),
+    )
     procs.append(proc)
-    assert wait_for(lambda: runs(rmq, "alerting", "signal-start") == 1, 30)
+    assert wait_for(lambda: runs(rmq, "alerting", "signal-start") == 1, 120)
     t0 = time.monotonic()
     for i in range(20):
         other.send({"id": i})
@@ -262,13 +275,14 @@ def test_a_slow_message_retried_handler_does_not_hold_up_acks(rmq, procs):
             and unacked(queue) == 0
         )
 
-    # Order, not a wall-clock window: the 20 acks are seen before the handler's 12 s sleep
-    # ends (however slow the host is otherwise).
-    wait_for(lambda: flowed_now() or runs(rmq, "alerting", "signal-end") > 0, 60, 0.3)
+    # Order, not a wall-clock window: the 20 acks are seen while the handler still sleeps,
+    # which it does until the test releases it below (however slow the host is).
+    wait_for(lambda: flowed_now() or runs(rmq, "alerting", "signal-end") > 0, 120, 0.3)
     flowed = flowed_now()
     took = time.monotonic() - t0
     still_sleeping = runs(rmq, "alerting", "signal-end") == 0
-    assert wait_for(lambda: runs(rmq, "alerting", "done") == 1, 30)
+    release.touch()
+    assert wait_for(lambda: runs(rmq, "alerting", "done") == 1, 60)
     stop(proc)
     print(f"\nCOUNTS slow signal: 20 acked in {took:.1f}s while the handler slept={still_sleeping}")
     assert flowed, f"acks held up by the slow handler ({took:.1f}s)"
@@ -283,6 +297,7 @@ def test_a_receiver_queue_deleted_under_a_running_consumer_is_declared_again(rmq
     queue = rmq.queue("gamma")
     proc = spawn(rmq, "gamma", "--threads", "2")
     procs.append(proc)
+    consuming(rmq, queue, child=proc)  # started: Django, then the broker
     for i in range(3):
         other.send({"id": i})
     assert wait_for(lambda: all(runs(rmq, i, "done") == 1 for i in range(3)), 30)

@@ -34,6 +34,7 @@ from django_rmq_retry.parking.rows import row_properties
 from tests.conftest import BROKER_URL, read_log, wait_for
 from tests.faults.conftest import spawn, stop
 from tests.faults.rawamqp import BrokerClosed, Raw, RawPublisher, longstr, nested
+from tests.waiting import consuming
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -338,6 +339,7 @@ def test_an_undecodable_row_requeues_as_an_ordinary_message_or_parks_again(rmq):
     raw.close()
     proc = spawn(rmq, "alpha")
     try:
+        consuming(rmq, queue, child=proc)  # started: Django, then the broker
         assert wait_for(lambda: ParkedMessage.objects.count() == 2, 30)
         call_command("rmq_requeue", no_progress=True)
 

@@ -30,6 +30,7 @@ from tests.adversarial.advapp.receivers import register
 from tests.adversarial.gen import Case, generate
 from tests.conftest import start_consumer, wait_for
 from tests.faults.conftest import queues_empty, stop
+from tests.waiting import output_has
 
 pytestmark = [
     pytest.mark.broker,
@@ -73,10 +74,7 @@ def _consumer(rmq: Any) -> Any:
         DJANGO_SETTINGS_MODULE="tests.adversarial.settings",
         RMQ_DELIVERY_LIMIT=str(DELIVERY_LIMIT),
     )
-    assert wait_for(lambda: "consuming" in child.output() or child.poll() is not None, 60, 0.2), (
-        child.output()[-3000:]
-    )
-    assert child.poll() is None, child.output()[-3000:]
+    output_has(child, "consuming")
     return child
 
 

@@ -27,6 +27,7 @@ from tests.conftest import ROOT, read_log, subprocess_env, wait_for
 from tests.faults.conftest import record, spawn, stop
 from tests.faults.test_broker_faults import make_rows
 from tests.testapp.events import work
+from tests.waiting import consuming
 
 SECRET = "S3cretPassw0rd-xyz"
 URLS = {
@@ -121,6 +122,7 @@ def test_bodies_are_never_unpickled(rmq, tmp_path, procs):
     work.send(pickle.dumps(Evil()), content_type="application/python-pickle; charset=binary")
     proc = spawn(rmq, "alpha")
     procs.append(proc)
+    consuming(rmq, rmq.queue("alpha"), child=proc)  # started: Django, then the broker
     assert wait_for(lambda: len([e for e in read_log(rmq.log) if e["event"] == "done"]) >= 2, 60)
     out = stop(proc)
     assert not marker.exists(), "a message body was unpickled"

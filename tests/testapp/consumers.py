@@ -96,11 +96,16 @@ def gamma(message, **kwargs):
 
 
 def _slow_alert(sender, message, **kwargs):
-    """A slow ``message_retried`` hook (an alert posted to a slow service), when asked for."""
+    """A slow ``message_retried`` hook (an alert posted to a slow service), when asked for:
+    it takes ``RMQ_TEST_SLOW_RETRY_SIGNAL`` seconds, or less if the file named by
+    ``RMQ_TEST_SLOW_RETRY_RELEASE`` appears first (the test says when it has seen enough)."""
     seconds = float(os.environ.get("RMQ_TEST_SLOW_RETRY_SIGNAL") or 0)
     if seconds:
         _log("signal-start", str(sender).rsplit(".", 1)[-1], message)
-        time.sleep(seconds)
+        release = os.environ.get("RMQ_TEST_SLOW_RETRY_RELEASE")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(0.05)
         _log("signal-end", str(sender).rsplit(".", 1)[-1], message)
 
 
