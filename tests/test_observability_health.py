@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 def test_liveness_fails_while_the_io_loop_is_stuck_and_readiness_follows_consuming(rmq, tmp_path):
     from django_rmq_retry import observability
 
+    # Live for 3 s after enable() without a loop tick: the first probe below counts on it
+    # (a longer grace only makes the stuck loop below take longer to show).
     observer = observability.enable(
-        metrics=True, tracing=False, liveness_timeout=1.5, health_dir=str(tmp_path)
+        metrics=True, tracing=False, liveness_timeout=3, health_dir=str(tmp_path)
     )
     port = free_port()
     server = observability.serve_consumer(observer, "127.0.0.1", port)
@@ -35,23 +37,23 @@ def test_liveness_fails_while_the_io_loop_is_stuck_and_readiness_follows_consumi
         assert get(port, "/healthz/ready")[0] == 503
         assert not (tmp_path / "ready").exists()
         runner.start()
-        assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=30)
+        assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=120)
         assert (tmp_path / "ready").exists() and (tmp_path / "live").exists()
 
         # A callback on the connection's thread that does not return: the loop is stuck
         # (nothing settles, no heartbeat goes out) while the process is otherwise fine.
         assert consumer._connection is not None
         consumer._connection.call_threadsafe(stuck.wait)
-        assert wait_for(lambda: get(port, "/healthz/live")[0] == 503, timeout=10)
+        assert wait_for(lambda: get(port, "/healthz/live")[0] == 503, timeout=60)
         assert get(port, "/healthz/ready")[0] == 503
         touched = (tmp_path / "live").stat().st_mtime
-        time.sleep(1.2)
+        time.sleep(1.2)  # a window, not a wait: a turning loop touches the file each second
         assert (tmp_path / "live").stat().st_mtime == touched  # the exec probe's file too
 
         stuck.set()  # the loop turns again
-        assert wait_for(lambda: get(port, "/healthz/live")[0] == 200, timeout=10)
-        assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=10)
-        assert wait_for(lambda: (tmp_path / "live").stat().st_mtime > touched, timeout=5)
+        assert wait_for(lambda: get(port, "/healthz/live")[0] == 200, timeout=60)
+        assert wait_for(lambda: get(port, "/healthz/ready")[0] == 200, timeout=60)
+        assert wait_for(lambda: (tmp_path / "live").stat().st_mtime > touched, timeout=60)
 
         consumer.request_stop()
         runner.join(timeout=30)

@@ -152,7 +152,7 @@ def test_consumer_timeout_closing_the_channel_under_a_slow_receiver_is_bounded(r
         for i in range(5):
             other.send({"id": i})
         parked = wait_for(lambda: ParkedMessage.objects.exists(), 120, 1)
-        time.sleep(3)
+        time.sleep(3)  # a window, not a wait: a loop the limit did not end would run it again
         n = runs(rmq, "slow")
     expected = {("gamma", i): "done" for i in range(5)}
     tally = Tally(expected)

@@ -304,7 +304,16 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
     elapsed = time.monotonic() - t0
     assert not errors, errors
     assert fired.is_set()
-    time.sleep(1)
+    # Until the queue holds a copy of every row (a restarted node recovers it a moment
+    # later); a wait, not a bound: drain_ids counts what is there.
+
+    def all_in() -> bool:
+        try:
+            return rmq.depth(queue) >= n
+        except Exception:  # the test's own connection did not live through the restart
+            return False
+
+    wait_for(all_in, 60, 0.5)
     ids = drain_ids(queue)
     rows = Counter(ParkedMessage.objects.values_list("status", "requeue_count"))
     dups = sum(c - 1 for c in ids.values() if c > 1)
