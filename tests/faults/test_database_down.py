@@ -119,7 +119,7 @@ def test_database_down_while_messages_must_be_parked(dbapp, rmq, procs):
             other.send({"id": f"ok-{i}"})
         for i in range(n_db):
             needs_db.send({"id": f"db-{i}"})
-        time.sleep(8)
+        time.sleep(8)  # the scenario: the consumers meet 8 s of outage (a window, not a wait)
         held = queue_messages(queue)
         alive_while_down = proc.poll() is None
         lines_while_down = proc.output()

@@ -193,6 +193,8 @@ def test_broker_restart_while_the_relay_works_loses_nothing(rmq, procs):
         writer.start()
         try:
             wait_for(lambda: len(read_log(rmq.log)) > 200, 30)
+            # The scenario's pauses, not waits: rows are committed for 5 s with the broker
+            # down, then 3 s more with it back; settle() below waits for the outcome.
             with broker_stopped():
                 time.sleep(5)
             time.sleep(3)
