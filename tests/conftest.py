@@ -311,7 +311,8 @@ def rmq(
 @pytest.fixture
 def timed_pauses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     """Each pause ``publishing`` takes after a nack, really waited: ``(start, seconds)``
-    with ``time.monotonic()`` starts (to check them against a deadline)."""
+    with ``time.monotonic()`` starts. A test of a deadline uses :func:`virtual_pauses`
+    instead: real pauses against a real deadline race the host's speed."""
     from django_rmq_retry.publishing import publisher
 
     pauses: list[tuple[float, float]] = []

@@ -21,7 +21,10 @@ pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
 
 def consume(*receivers: str, **opts) -> None:
-    opts.setdefault("max_idle_time", 3)
+    """``rmq_consume`` in this process until ``max_messages`` deliveries, whenever they come
+    (a generous idle time only ends a count that never comes: it fails, not hangs), or
+    without a count until 3 s idle."""
+    opts.setdefault("max_idle_time", 60 if opts.get("max_messages") else 3)
     call_command("rmq_consume", *receivers, verbosity=0, **opts)
 
 
@@ -44,7 +47,7 @@ def test_always_failing_message_is_handled_exactly_max_attempts_times_then_parke
     call_command("rmq_consume", setup_only=True, verbosity=0)
     for i in range(5):
         other.send({"id": i, "fail": "always"})
-    consume("gamma")
+    consume("gamma", max_messages=50)  # a retry's delay is no race: the count waits for it
     assert starts(rmq.log, "gamma") == {i: 10 for i in range(5)}
     parked = ParkedMessage.objects.order_by("id")
     assert parked.count() == 5
@@ -62,7 +65,7 @@ def test_transient_failures_recover_and_siblings_never_rerun(rmq, fail):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     for i in range(10):
         work.send({"id": i, "fail": fail, "only": ["alpha"]})
-    consume("alpha", "beta")
+    consume("alpha", "beta", max_messages=10 * (fail + 1) + 10)
     assert starts(rmq.log, "alpha") == {i: fail + 1 for i in range(10)}
     assert starts(rmq.log, "beta") == {i: 1 for i in range(10)}
     done = Counter((e["receiver"], e["id"]) for e in read_log(rmq.log) if e["event"] == "done")
@@ -99,7 +102,7 @@ def test_retry_copy_preserves_body_and_every_property(rmq, registry_snapshot):
     # No landing: the policy's 0.1 s retry would otherwise be held by the consumer whole and
     # cross no delay level (tests/test_landing.py has the copy that lands early).
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "DELAY_LANDING_MS": 0}):
-        consume("capture")
+        consume("capture", max_messages=2)
     assert [m.attempt for m in seen] == [1, 2]
     first, second = seen
     assert second.raw == body == first.raw
@@ -151,7 +154,7 @@ def test_routing_is_exact_even_when_queue_names_are_suffixes(rmq, registry_snaps
     call_command("rmq_consume", setup_only=True, verbosity=0)
     for _ in range(5):
         topic.send({"n": 1})
-    consume("orders", "x.orders", "orders.x")
+    consume("orders", "x.orders", "orders.x", max_messages=5 + 10 + 10)
     assert calls == {"orders": 5, "x.orders": 10, "orders.x": 10}
 
 
@@ -164,7 +167,7 @@ def test_short_delays_never_wait_behind_long_ones(rmq):
         other.send({"id": f"short{i}", "fail": 1, "retry_delay": 1})
     # Ten first attempts, then the first five second attempts to come back, whenever: were
     # the short ones held behind the long ones, those five would be the long ones, 30 s on.
-    consume("gamma", max_messages=15, max_idle_time=None)
+    consume("gamma", max_messages=15)
     second = [e for e in read_log(rmq.log) if e["event"] == "start" and e["attempt"] == 2]
     assert sorted(e["id"] for e in second) == [f"short{i}" for i in range(5)]
     first_fail = {
@@ -246,7 +249,7 @@ def test_receiver_can_ask_for_a_delay(rmq, registry_snapshot):
 
     call_command("rmq_consume", setup_only=True, verbosity=0)
     topic.send({})
-    consume("steer", max_messages=2, max_idle_time=None)
+    consume("steer", max_messages=2)
     assert len(times) == 2
     assert times[1] - times[0] >= 1.4  # the receiver's 1.5 s (due in whole ms), not 0.1 s
 
@@ -262,6 +265,6 @@ def test_quorum_queues_count_exactly_too(rmq, queue_type):
         assert args.method.queue == rmq.queue("gamma")
         for i in range(3):
             other.send({"id": i, "fail": "always"})
-        consume("gamma")
+        consume("gamma", max_messages=30)
     assert starts(rmq.log, "gamma") == {i: 10 for i in range(3)}
     assert ParkedMessage.objects.filter(attempts=10).count() == 3
