@@ -309,7 +309,7 @@ def test_body_preview_shows_compressed_bodies_inflated():
 def test_requeue_selected_publishes_to_the_failed_receiver_only_then_marks_the_row(rmq, client):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     work.send({"id": 7, "fail": "always", "only": ["alpha"]})
-    call_command("rmq_consume", "alpha", "beta", max_idle_time=2, verbosity=0)
+    call_command("rmq_consume", "alpha", "beta", max_messages=4, max_idle_time=60, verbosity=0)
     row = ParkedMessage.objects.get()  # a real parking: 3 attempts in alpha, beta succeeded
     assert (row.receiver, row.attempts, row.status) == (ALPHA, 3, ParkedStatus.PARKED)
     assert rmq.depth(rmq.queue("alpha")) == 0

@@ -348,7 +348,7 @@ def test_the_consumer_s_retries_park_and_requeue_keep_every_type(rmq, bench):
         assert raw.publish("", queue, body, headers=EVERY_TYPE, content_type="application/json")
     finally:
         raw.close()
-    call_command("rmq_consume", "alpha", max_idle_time=4, verbosity=0)
+    call_command("rmq_consume", "alpha", max_messages=3, max_idle_time=60, verbosity=0)
     row = ParkedMessage.objects.get()
     assert row.attempts == 3  # two retry copies went through the delay path
     sent = amqptable.entries(table(EVERY_TYPE))

@@ -254,7 +254,9 @@ def _park_real_failures(rmq, n: int) -> None:
     call_command("rmq_consume", setup_only=True, verbosity=0)
     for i in range(n):
         work.send({"id": i, "fail": 3, "only": ["alpha"]})
-    call_command("rmq_consume", "alpha", "beta", max_idle_time=2, verbosity=0)
+    # Three attempts in alpha and one in beta each: a count, not an idle window a retry's
+    # delay could outlast on a loaded host (60 s of idle only ends a count that never comes).
+    call_command("rmq_consume", "alpha", "beta", max_messages=4 * n, max_idle_time=60, verbosity=0)
     assert ParkedMessage.objects.filter(status="parked").count() == n
 
 
@@ -269,7 +271,7 @@ def test_requeue_goes_back_to_the_failed_receiver_only_and_returns_to_its_row(rm
     assert set(ParkedMessage.objects.values_list("status", flat=True)) == {"requeued"}
     assert rmq.depth(rmq.queue("alpha")) == 3 and rmq.depth(rmq.queue("beta")) == 0
     # attempts reset: alpha fails 3 more times (attempts 1-3 again) and parks into the SAME rows
-    call_command("rmq_consume", "alpha", max_idle_time=2, verbosity=0)
+    call_command("rmq_consume", "alpha", max_messages=9, max_idle_time=60, verbosity=0)
     rows = list(ParkedMessage.objects.all())
     assert len(rows) == 3
     assert {(r.status, r.park_count, r.requeue_count, r.attempts) for r in rows} == {
