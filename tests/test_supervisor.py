@@ -66,7 +66,7 @@ def test_a_killed_child_is_restarted_and_the_work_goes_on(rmq):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     proc = start_consumer(rmq.prefix, rmq.log, "gamma", "--processes", "2")
     try:
-        assert wait_for(lambda: len(children_of(proc.pid)) == 2, 30), children_of(proc.pid)
+        until("two children", lambda: len(children_of(proc.pid)) == 2, child=proc)
         first = children_of(proc.pid)
         os.kill(first[0], signal.SIGKILL)
         snapshot: list[list[int]] = [[]]
@@ -77,14 +77,14 @@ def test_a_killed_child_is_restarted_and_the_work_goes_on(rmq):
             snapshot[0] = children_of(proc.pid)
             return len(snapshot[0]) == 2 and first[0] not in snapshot[0]
 
-        assert wait_for(replaced, 30), snapshot[0]
+        assert wait_for(replaced, 120), snapshot[0]  # after the supervisor's restart backoff
         now = snapshot[0]
         assert first[1] in now  # the other child was left alone
         (replacement,) = set(now) - set(first)
         # The replacement consumes: work is shared by the survivor and the new child.
         consuming(rmq, rmq.queue("gamma"), 2, child=proc)
         other.send_many([{"id": i, "sleep": 0.02} for i in range(100)])
-        assert wait_for(lambda: len(done_events(rmq.log)) == 100, 60)
+        until("100 messages handled", lambda: len(done_events(rmq.log)) == 100, child=proc)
         assert {e["pid"] for e in done_events(rmq.log)} == {first[1], replacement}
     finally:
         proc.send_signal(signal.SIGTERM)
