@@ -40,11 +40,13 @@ def test_held_jobs_leave_in_due_order_one_lead_before_their_time():
             done.set()
 
     landing: Landing[tuple[str, float]] = Landing(release, "test-landing")
-    start = time.monotonic()
-    landing.hold(("late", start + 0.3), start + 0.3)
-    landing.hold(("early", start + 0.1), start + 0.1)
-    landing.hold(("middle", start + 0.2), start + 0.2)
-    assert done.wait(10)
+    # All three due a second on: held in any order while none is due yet, however slowly
+    # the host runs the three calls.
+    start = time.monotonic() + 1.0
+    landing.hold(("late", start + 0.2), start + 0.2)
+    landing.hold(("early", start), start)
+    landing.hold(("middle", start + 0.1), start + 0.1)
+    assert done.wait(60)
     assert [name for name, _ in out] == ["early", "middle", "late"]
     # handed over no sooner than LEAD before its time (its taker waits out the rest)
     assert all(late_by >= -LEAD for _, late_by in out), out
@@ -76,14 +78,14 @@ def test_a_held_job_starts_at_its_time_not_when_the_landing_hands_it_over():
         if len(started) == len(due):
             finished.set()
 
-    base = time.monotonic() + 0.05
+    base = time.monotonic() + 1.0  # none due before all are submitted, on any host
     due.update({i: base + i * 0.0001 for i in range(10)})
     due[10] = base + 0.2
     pool = DaemonPool(1, "test-pool", run, done, hold=lambda d: due[d] - time.monotonic())
     try:
         for i in due:
             pool.submit(Job(i))  # type: ignore[arg-type]
-        assert finished.wait(10)
+        assert finished.wait(60)
     finally:
         pool.shutdown()
     assert sorted(started, key=started.__getitem__) == list(due)  # in due order

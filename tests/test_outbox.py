@@ -353,7 +353,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
                 def cut():
                     for n, item in enumerate(items):
                         if n == 150:  # the first 150 sent and confirmed, then the cut
-                            deadline = time.monotonic() + 10
+                            deadline = time.monotonic() + 60  # generous: not a bound on the broker
                             while publisher._pipeline.unconfirmed:
                                 assert time.monotonic() < deadline
                                 publisher._connection.pump(0.05)
