@@ -126,7 +126,9 @@ class DaemonPool:
                     continue
             else:
                 got = self._queue.get()
-            if got is not None and got.not_before and got.not_before > time.monotonic():
+            if got is not None and got.not_before and (early or got.not_before > time.monotonic()):
+                # Not due yet, or due beside copies held here that may be due before it
+                # (a host that stalled this thread): the earliest leaves first.
                 heapq.heappush(early, (got.not_before, next(self._order), got))
                 continue
             self._give_back(early)
