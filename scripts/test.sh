@@ -279,7 +279,15 @@ run_part() {  # run_part NAME FUNCTION ARGS...
   local name="$1" t0=$SECONDS rc=0
   shift
   if [ -n "$STREAM" ]; then "$@" || rc=$?; else "$@" >"$LOGS/$name.log" 2>&1 || rc=$?; fi
-  echo "$rc $((SECONDS - t0))" >"$LOGS/$name.status"
+  times >"$LOGS/$name.times"  # in this shell: a subshell's "times" starts from zero
+  echo "$rc $((SECONDS - t0)) $(cpu_seconds "$LOGS/$name.times")" >"$LOGS/$name.status"
+}
+# The CPU seconds (user + system) of what a part ran and waited for, from "times" (its second
+# line): with every part side by side on a few cores, what a part costs the others (brokers
+# it started as daemons excepted).
+cpu_seconds() {
+  awk 'function sec(t, m) { m = t; sub(/m.*/, "", m); sub(/^[0-9]+m/, "", t); sub(/s$/, "", t)
+    return m * 60 + t } NR == 2 { printf "%d", sec($1) + sec($2) }' "$1"
 }
 start_part() {  # start_part NAME FUNCTION ARGS...
   PARTS+=("$1")
@@ -294,9 +302,9 @@ start_part() {  # start_part NAME FUNCTION ARGS...
   say "started: $1 (log: ${LOGS#"$ROOT/"}/$1.log)"
 }
 part_done() {
-  local rc s
-  read -r rc s <"$LOGS/$1.status" || { rc=1 s=0; }
-  STATUS[$1]="$rc $s"
+  local rc s cpu
+  read -r rc s cpu <"$LOGS/$1.status" || { rc=1 s=0; }
+  STATUS[$1]="$rc $s ${cpu:-0}"
   say "finished: $1 in $((s / 60))m$((s % 60))s$([ "$rc" = 0 ] || echo " (FAILED, exit $rc)")"
 }
 # A pytest log's last summary line ("== 12 passed, 1 skipped in 3.1s ==") for the summary.
@@ -313,10 +321,13 @@ summary() {
   done
   echo
   say "summary (whole run $(((SECONDS - RUN_T0) / 60))m$(((SECONDS - RUN_T0) % 60))s)"
+  echo "  part            wall   CPU (user + system)"
   for name in "${PARTS[@]}"; do
-    read -r rc s <<<"${STATUS[$name]:-1 0}"
-    printf '  %-14s %3dm%02ds  %s  %s\n' "$name" $((s / 60)) $((s % 60)) \
-      "$([ "$rc" = 0 ] && echo ok || echo "FAILED")" "$(counts "$LOGS/$name.log" 2>/dev/null)"
+    read -r rc s cpu <<<"${STATUS[$name]:-1 0 0}"
+    cpu="${cpu:-0}"
+    printf '  %-14s %3dm%02ds %3dm%02ds  %s  %s\n' "$name" $((s / 60)) $((s % 60)) \
+      $((cpu / 60)) $((cpu % 60)) "$([ "$rc" = 0 ] && echo ok || echo "FAILED")" \
+      "$(counts "$LOGS/$name.log" 2>/dev/null)"
   done
   # The count tables (lost must be 0), as each part's pytest printed them.
   local kind
@@ -332,7 +343,7 @@ summary() {
   # part's pytest short summary, or the end of its log when pytest did not get that far.
   local why
   for name in "${PARTS[@]}"; do
-    read -r rc s <<<"${STATUS[$name]:-1 0}"
+    read -r rc _ <<<"${STATUS[$name]:-1 0}"
     [ "$rc" = 0 ] && continue
     echo "  why $name failed:"
     why="$(grep -aE '^(FAILED|ERROR) ' "$LOGS/$name.log" 2>/dev/null | head -n 12 || true)"
