@@ -18,10 +18,11 @@
 # use are fetched once before they start. What stops or reconfigures a shared service runs
 # once its other users are done (see "The newest leg runs in five parts" below):
 #   phase 1   checks (ruff, import layering, migrations, mypy), oldest and oldest-2, newest,
-#             newest-2 and newest-faults, rabbit4 and rabbit4-quorum, cluster, release
+#             newest-2 and newest-faults, rabbit4, rabbit4-2 and rabbit4-quorum, cluster,
+#             release
 #   phase 2   rabbit4-node (the 4.0 node stopped or set node-wide) once rabbit4's other parts
-#             are done; then newest-broker (the same for the system RabbitMQ) once oldest's,
-#             newest's, rabbit4's other parts and release are
+#             are done, beside what is left of phase 1; then newest-broker (the same for the
+#             system RabbitMQ) once oldest's, newest's, rabbit4's other parts and release are
 #   phase 3   newest-db (PostgreSQL stopped), alone
 # The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
 #
@@ -84,8 +85,12 @@ tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
   shift 2
   dir="$(python_dir "$version")" || return
   # The package is installed when the env is built, below, before the legs start.
-  PATH="$dir:$PATH" "$VENV/bin/tox" run -e "$env" --skip-pkg-install -- "$@"
+  PATH="$dir:$PATH" "$VENV/bin/tox" run --workdir "$(tox_dir "$env")" -e "$env" \
+    --skip-pkg-install -- "$@"
 }
+# Each env in a tox work directory of its own, so that the two are built side by side
+# without sharing tox's packaging env.
+tox_dir() { echo "$ROOT/.tox/$1"; }
 # The ordinary suite of oldest and of newest runs in two halves side by side ("oldest" and
 # "oldest-2", "newest" and "newest-2"): its tests mostly wait (consumers idling out, retry
 # delays), so two processes finish it in about half the time. The halves take the test
@@ -190,31 +195,35 @@ leg_newest_db() {
 # message (channel and connection close codes, frame and message size limits), the window it
 # keeps per consumer, the heartbeat it negotiates and the permissions it checks, and the order
 # and header bytes it delivers.
-R4_CLASSIC=(tests/test_retries.py tests/test_landing.py tests/test_broker_edges.py
-  tests/test_happy_path.py tests/test_publish_many.py tests/test_failover.py tests/contract
-  tests/test_frame_writes.py tests/test_outbox.py tests/test_publish_batches.py
+# The classic pass runs in two parts side by side (see "The 4.0 leg runs in parts" below):
+# they take its files in turn, in this order (the slowest few first, so each part gets some).
+R4_CLASSIC=(tests/faults/test_process_faults.py tests/faults/test_async_killed.py
+  tests/adversarial tests/test_headers_bit_for_bit.py tests/test_outbox_order.py
+  tests/test_outbox.py tests/faults/test_bad_input.py tests/test_retries.py tests/test_landing.py
+  tests/test_broker_edges.py tests/test_happy_path.py tests/test_publish_many.py
+  tests/test_failover.py tests/contract tests/test_frame_writes.py tests/test_publish_batches.py
   tests/test_publish_refusals.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
-  tests/test_outbox_order.py tests/test_headers_bit_for_bit.py tests/test_prefetch_bound.py
-  tests/test_broker_url.py tests/test_permissions.py
-  tests/faults --ignore=tests/faults/test_consumer_killed.py --ignore=tests/faults/test_security.py
-  --ignore=tests/faults/test_exactly_once.py --ignore=tests/faults/test_database_down.py
-  --ignore=tests/faults/test_quorum_limits.py)
+  tests/test_prefetch_bound.py tests/test_broker_url.py tests/test_permissions.py
+  tests/test_adversary_consumer.py tests/test_adversary_decoding.py)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
   tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
   tests/faults/test_consumer_killed.py)
-adversarial() {
-  local f
-  for f in tests/test_adversary*.py tests/adversarial; do
-    [ -e "$f" ] && [ "$f" != tests/test_adversary_rows.py ] && echo "$f"
+every_other() {  # every_other 0|1 ITEM...: the first, third... items (0) or the others (1)
+  local i=0 item n="$1"
+  shift
+  for item in "$@"; do
+    [ $((i % 2)) = "$n" ] && echo "$item"
+    i=$((i + 1))
   done
   true
 }
-# The 4.0 leg runs in parts too: its node up first ("rabbit4-up"); then the classic pass
-# ("rabbit4", R4_CLASSIC and the adversarial suites) and the quorum pass ("rabbit4-quorum",
-# R4_QUORUM) side by side, each without what stops the node or sets it node-wide (the broker
-# stops and restarts, the memory alarm, the 1 s consumer_timeout); then those
-# ("rabbit4-node": R4_NODE_CLASSIC, then R4_NODE_QUORUM).
+# The 4.0 leg runs in parts too: its node up first ("rabbit4-up"); then the classic pass in
+# two parts ("rabbit4" and "rabbit4-2", R4_CLASSIC in turn) and the quorum pass
+# ("rabbit4-quorum", R4_QUORUM) side by side, each without what stops the node or sets it
+# node-wide (the broker stops and restarts, the memory alarm, the 1 s consumer_timeout); then
+# those ("rabbit4-node": R4_NODE_CLASSIC, then R4_NODE_QUORUM). The classic pass in two parts
+# lets rabbit4-node run beside the last of the 3.10 legs, not after them.
 R4_NODE_CLASSIC=(tests/faults/test_broker_faults.py tests/faults/test_adversary_broker.py
   tests/adversarial/test_adversarial.py::test_adversarial_broker_events)
 R4_NODE_QUORUM=(tests/faults/test_broker_faults.py
@@ -233,12 +242,19 @@ r4() (  # r4 PASS PYTEST_ARGS...: pytest against the 4.0 node; a subshell, so it
   DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not cluster" "$@"
 )
 leg_rabbit4_up() { bash scripts/brokers.sh rabbit4 up; }
-leg_rabbit4() {
-  local extra skip
-  mapfile -t extra < <(adversarial)
+r4_classic() {  # r4_classic 0|1 PYTEST_ARGS...: one part of the classic pass
+  local files=() skip=() n="$1"
+  shift
+  if paths_given "$@"; then
+    [ "$n" = 0 ] || { nothing_if_paths "$@"; return 0; }
+  else
+    mapfile -t files < <(every_other "$n" "${R4_CLASSIC[@]}")
+  fi
   mapfile -t skip < <(not_these "${R4_NODE_CLASSIC[@]}")
-  r4 classic "${R4_CLASSIC[@]}" "${extra[@]}" "${skip[@]}" "$@"
+  r4 classic "${files[@]}" "${skip[@]}" "$@"
 }
+leg_rabbit4() { r4_classic 0 "$@"; }
+leg_rabbit4_2() { r4_classic 1 "$@"; }
 leg_rabbit4_quorum() { r4 quorum "${R4_QUORUM[@]}" "$@"; }
 leg_rabbit4_node() {
   local rc=0
@@ -393,8 +409,10 @@ add_part checks "" checks
 if on rabbit4; then
   add_part rabbit4-up "" leg_rabbit4_up
   add_part rabbit4 rabbit4-up leg_rabbit4 "$(tmp rabbit4)" "$@"
+  add_part rabbit4-2 rabbit4-up leg_rabbit4_2 "$(tmp rabbit4-2)" "$@"
   add_part rabbit4-quorum rabbit4-up leg_rabbit4_quorum "$(tmp rabbit4-quorum)" "$@"
-  add_part rabbit4-node "rabbit4 rabbit4-quorum" leg_rabbit4_node "$(tmp rabbit4-node)" "$@"
+  add_part rabbit4-node "rabbit4 rabbit4-2 rabbit4-quorum" leg_rabbit4_node \
+    "$(tmp rabbit4-node)" "$@"
 fi
 on cluster && add_part cluster "" leg_cluster "$(tmp cluster)" "$@"
 on release && add_part release "" leg_release "$@"
@@ -443,16 +461,27 @@ ready() { [[ " ${built[*]} " == *" ${1%%-*} "* ]]; }
 built=()
 say "legs: ${chosen[*]}; parts: ${ORDER[*]}"
 start_ready
-# tox builds each env once, before the parts that share an env run side by side; pytest
+# tox builds each env once (the two side by side), before the parts that share an env run; pytest
 # --collect-only also runs the env's commands_pre (the pika and Django versions it installs),
 # so that the parts' own runs of it have nothing left to install. If one cannot be built,
 # its leg is reported failed and the other legs go on.
+build_env() {  # build_env LEG VERSION: its tox env, output to $LOGS/tox-LEG.log
+  local dir
+  dir="$(python_dir "$2" 2>"$LOGS/tox-$1.log")" && PATH="$dir:$PATH" "$VENV/bin/tox" run \
+    --workdir "$(tox_dir "$1")" -e "$1" -- --collect-only -qq -p no:cacheprovider \
+    >>"$LOGS/tox-$1.log" 2>&1
+}
+declare -A BUILD=()
 for leg in oldest newest; do
   on "$leg" || continue
   say "tox env $leg"
   case "$leg" in oldest) v=3.10 ;; newest) v=3.13 ;; esac
-  if dir="$(python_dir "$v" 2>"$LOGS/tox-$leg.log")" && PATH="$dir:$PATH" "$VENV/bin/tox" run \
-    -e "$leg" -- --collect-only -qq -p no:cacheprovider >>"$LOGS/tox-$leg.log" 2>&1; then
+  build_env "$leg" "$v" &
+  BUILD[$leg]=$!
+done
+for leg in oldest newest; do
+  [ -n "${BUILD[$leg]:-}" ] || continue
+  if wait "${BUILD[$leg]}"; then
     built+=("$leg")
   else
     say "tox could not build env $leg: leg $leg not run (log: $LOGS/tox-$leg.log)"
