@@ -7,6 +7,7 @@ import datetime
 import decimal
 
 import pika
+import pika.frame
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,3 +101,30 @@ def test_unusual_values_are_left_to_pika():
     assert encode_properties({"headers": {"d": decimal.Decimal("1.5")}}) == _pika(
         {"headers": {"d": decimal.Decimal("1.5")}}
     )
+
+
+def test_encoded_properties_are_pika_s_and_marshal_to_pika_s_bytes():
+    """``Encoded`` is a ``pika.BasicProperties``: the content header pika marshals from it is
+    the one pika marshals from its own properties, and its values read back from the bytes."""
+    properties = {
+        "content_type": "application/json",
+        "delivery_mode": 2,
+        "message_id": "m-1",
+        "user_id": "guest",
+        "headers": {"x-rmq-attempt": 2, "note": "é"},
+    }
+    encoded = Encoded(encode_properties(properties), "m-1")
+    assert isinstance(encoded, pika.BasicProperties)
+    body = b"x" * 10
+    ours = pika.frame.Header(3, len(body), encoded).marshal()
+    assert ours == pika.frame.Header(3, len(body), to_pika(properties)).marshal()
+    assert encoded.headers == properties["headers"] and encoded.user_id == "guest"
+    assert encoded.message_id == "m-1" and encoded.priority is None
+    assert encoded.decode()["content_type"] == "application/json"
+    assert encoded == Encoded(encoded.data, "m-1") and encoded != Encoded(b"\x00\x00", "m-1")
+    with pytest.raises(AttributeError):
+        encoded.headers = {}  # the bytes are what is sent: they do not change
+    with pytest.raises(TypeError):
+        encoded.decode(encoded.data)
+    with pytest.raises(AttributeError):
+        encoded.nothing_such  # noqa: B018

@@ -19,32 +19,71 @@ import pika
 import pika.data
 
 from ..core import amqptable
-from ..core.envelope import RawHeaders
+from ..core.envelope import PROPERTY_NAMES, RawHeaders
 from .connection import from_pika, to_pika
 
 
-class Encoded:
-    """AMQP-encoded message properties, where pika expects its properties object.
+class Encoded(pika.BasicProperties):
+    """AMQP-encoded message properties: a ``pika.BasicProperties`` whose ``encode()`` gives
+    the stored bytes, so they go to the wire unchanged through pika's public ``basic_publish``.
 
-    pika's content-header frame asks its properties for ``INDEX`` (the class id) and for
-    ``encode()`` (the flag words and values, as pieces it then extends): nothing else is read
-    on the way out, so the stored bytes go to the wire unchanged.
+    pika's content-header frame reads only ``INDEX`` (the class id) and ``encode()`` (the flag
+    words and values, as pieces it then extends) of the properties it publishes; this class
+    answers both without building anything. The values themselves are read from the bytes on
+    first use only (``headers``, ``user_id``...: the same values a consumer would read) and
+    cannot be assigned: bytes that are sent as they are do not change with an attribute.
     """
 
-    __slots__ = ("data", "message_id")
-    INDEX = pika.BasicProperties.INDEX
-
     def __init__(self, data: bytes, message_id: Any) -> None:
-        self.data = data
+        # pika's __init__ would set every property to None: these values live in ``data``.
+        fields = self.__dict__
+        fields["data"] = data
         #: Kept beside the bytes: the confirm channel matches returned messages by it.
-        self.message_id = message_id
+        fields["message_id"] = message_id
 
     def encode(self) -> list[bytes]:
         return [self.data]  # a new list each time: pika inserts the frame's header into it
 
-    def decode(self) -> dict[str, Any]:
-        """The properties as a consumer would read them (for whoever asks: a test broker)."""
-        return decode_properties(self.data)
+    def decode(  # type: ignore[override]  # ours: read the bytes, never write into them
+        self, encoded: bytes | None = None, offset: int = 0
+    ) -> dict[str, Any]:
+        """The properties as a consumer would read them (for whoever asks: a test broker).
+
+        pika's ``decode(encoded, offset)`` fills a properties object from a frame; pika
+        calls it on objects it builds itself, never on one it publishes, and these bytes
+        are fixed: asked to, this raises ``TypeError``."""
+        if encoded is not None:
+            raise TypeError("Encoded properties are fixed bytes: decode into a BasicProperties")
+        return dict(self._values())
+
+    def _values(self) -> dict[str, Any]:
+        values: dict[str, Any] | None = self.__dict__.get("_decoded")
+        if values is None:  # decoded once, when first asked for
+            values = self.__dict__["_decoded"] = decode_properties(self.data)
+        return values
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names not set on the instance get here: a property other than message_id.
+        if name in _PROPERTY_NAMES:
+            return self._values().get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Encoded properties are fixed bytes: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Encoded):
+            return self.data == other.data and self.message_id == other.message_id
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __repr__(self) -> str:
+        return f"<Encoded({len(self.data)} bytes, message_id={self.message_id!r})>"
+
+
+_PROPERTY_NAMES = frozenset(PROPERTY_NAMES)
 
 
 def encode_properties(properties: Mapping[str, Any]) -> bytes:
