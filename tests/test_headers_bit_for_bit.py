@@ -29,7 +29,7 @@ from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.parking.rows import json_safe_headers, properties_json, row_properties
 from tests.conftest import BROKER_URL
-from tests.faults.rawamqp import Raw, RawPublisher, shortstr, table
+from tests.faults.rawamqp import Raw, RawPublisher, longstr, shortstr, table
 
 NAMES = Names("rmq_retry_bits")
 
@@ -287,6 +287,12 @@ def test_a_node_service_s_typed_headers_survive_retry_park_and_requeue(bench):
     assert wanted["price"] == shortstr("price") + b"D\x02\x00\x00\x00\x96"
     values = dict(delivered["headers"])
     assert values["price"] == Decimal("1.50")
+    # Read as the values they encode (pika 1.4's own reader makes integers of the floats).
+    assert type(values["exact"]) is float and values["exact"] == 2.5
+    assert type(values["ratio"]) is float and values["ratio"] == _f32(0.1)
+    assert values["nested"]["list"] == [1, "two", 3.0]
+    assert type(values["nested"]["list"][2]) is float
+    assert values["when"] == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
 
     bench.publish(second, _retry(delivered, second))
     copy = bench.receive(second)
@@ -363,3 +369,142 @@ def test_the_consumer_s_retries_park_and_requeue_keep_every_type(rmq, bench):
     finally:
         bench.channel.cancel(tag)
     assert {k: foreign(requeued["headers"])[k] for k in sent} == sent
+
+
+def _f32(value: float) -> float:
+    return struct.unpack(">f", struct.pack(">f", value))[0]
+
+
+#: Each field type as a foreign client writes it, and the value a receiver must read in
+#: ``message.headers`` (pika 1.4's own reader makes ``2`` of the float ``2.5``).
+AS_SENT: dict[str, tuple[Raw, Any]] = {
+    "ratio": (Raw(b"f", struct.pack(">f", 2.5)), 2.5),
+    "third": (Raw(b"f", struct.pack(">f", 1 / 3)), _f32(1 / 3)),
+    "share": (Raw(b"d", struct.pack(">d", 0.1)), 0.1),
+    "huge": (Raw(b"d", struct.pack(">d", 1e300)), 1e300),
+    "price": (Raw(b"D", struct.pack(">Bi", 2, 150)), Decimal("1.50")),
+    "when": (
+        Raw(b"T", struct.pack(">Q", 1_700_000_000)),
+        datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc),
+    ),
+    "list": (
+        Raw(
+            b"A",
+            longstr(
+                b"f"
+                + struct.pack(">f", 3.0)
+                + b"d"
+                + struct.pack(">d", -0.5)
+                + b"D"
+                + struct.pack(">Bi", 1, -15)
+            ),
+        ),
+        [3.0, -0.5, Decimal("-1.5")],
+    ),
+    "table": (
+        Raw(
+            b"F",
+            table({"r": Raw(b"f", struct.pack(">f", 0.25)), "at": Raw(b"T", struct.pack(">Q", 0))}),
+        ),
+        {"r": 0.25, "at": datetime(1970, 1, 1, tzinfo=timezone.utc)},
+    ),
+    "flag": (Raw(b"t", b"\x01"), True),
+    "tiny": (Raw(b"b", struct.pack(">b", -5)), -5),
+    "ubyte": (Raw(b"B", struct.pack(">B", 250)), 250),
+    "short": (Raw(b"s", struct.pack(">h", -300)), -300),
+    "ushort": (Raw(b"u", struct.pack(">H", 65000)), 65000),
+    "int": (Raw(b"I", struct.pack(">i", -7)), -7),
+    "uint": (Raw(b"i", struct.pack(">I", 4_000_000_000)), 4_000_000_000),
+    "long": (Raw(b"l", struct.pack(">q", -(2**40))), -(2**40)),
+    "text": (Raw(b"S", longstr("café")), "café"),
+    "blob": (Raw(b"x", longstr(b"\x00\xff")), b"\x00\xff"),
+    "none": (Raw(b"V", b""), None),
+}
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of every value in it, nested (``2.5 == 2`` is not enough)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value), str(value))  # str: a decimal's exponent, a datetime's zone
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_reads_each_type_as_sent_on_every_attempt_and_after_a_requeue(
+    rmq, registry_snapshot
+):
+    """A raw client's header of every field type: the receiver reads the value it encodes
+    on its first attempt, on the retries (copies through the broker's delay levels), and
+    after the park and a requeue; each time the delivery carries the sender's bytes."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from django_rmq_retry import Reject, Topic
+
+    topic = Topic("test.types")
+    seen: list[tuple[int, int, dict[str, Any], dict[Any, bytes]]] = []
+
+    @topic.connect
+    def types(message, **kwargs):
+        raw = message.properties["headers"].raw
+        entries = {k: v for k, v in amqptable.entries(raw).items() if k in AS_SENT}
+        seen.append((message.attempt, message.requeued, dict(message.headers), entries))
+        if message.requeued:
+            raise Reject("parked again after the requeue")
+        raise ValueError("fails until parked")
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    headers = {k: raw for k, (raw, _value) in AS_SENT.items()}
+    sent = amqptable.entries(table(headers))
+    publisher = RawPublisher(BROKER_URL)
+    try:
+        exchange = rmq.names.work_exchange
+        assert publisher.publish(exchange, "test.types", b"{}", headers=headers) == "ack"
+    finally:
+        publisher.close()
+    # No landing: the copies cross the broker's delay levels (which add ``x-death``).
+    conf = {**settings.RMQ_RETRY, "DELAY_LANDING_MS": 0}
+    with override_settings(RMQ_RETRY=conf):
+        call_command("rmq_consume", "types", max_messages=3, max_idle_time=60, verbosity=0)
+        row = ParkedMessage.objects.get()
+        assert row.attempts == 3
+        parked = row_properties(row)["headers"]
+        assert {k: parked.entries[k] for k in sent} == sent
+        call_command("rmq_requeue", no_progress=True, verbosity=0)
+        call_command("rmq_consume", "types", max_messages=1, max_idle_time=60, verbosity=0)
+
+    assert [(attempt, requeued) for attempt, requeued, _h, _e in seen] == [
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (1, 1),
+    ]
+    wanted = {k: value for k, (_raw, value) in AS_SENT.items()}
+    for _attempt, _requeued, got, entries in seen:
+        assert {k: got[k] for k in wanted} == wanted
+        assert _typed({k: got[k] for k in wanted}) == _typed(wanted)
+        assert entries == sent  # the sender's bytes, every time
+    row.refresh_from_db()
+    assert (row.status, row.reason, row.park_count) == ("parked", "rejected", 2)
+    again = row_properties(row)["headers"]
+    assert {k: again.entries[k] for k in sent} == sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_floats_a_database_would_change_keep_the_parked_bytes():
+    """PostgreSQL's JSON keeps no sign on zero and stores ``1e+300`` as the integer it
+    equals: such floats are stored marked, so the column read back is the one parked and a
+    requeue sends the sender's bytes (on SQLite as on PostgreSQL)."""
+    values = {"huge": 1e300, "big": 1e16, "minus-zero": -0.0, "plain": 0.1, "small": 1e-5}
+    sent = table({k: Raw(b"d", struct.pack(">d", v)) for k, v in values.items()})
+    headers = RawHeaders(values, raw=sent)
+    back = _park_and_read_back({"headers": headers, "message_id": "floats"})["headers"]
+    assert isinstance(back, RawHeaders)  # the digest matched: the bytes travel
+    assert back.entries == amqptable.entries(sent)
+    assert {k: struct.pack(">d", back[k]) for k in values} == {
+        k: struct.pack(">d", v) for k, v in values.items()
+    }

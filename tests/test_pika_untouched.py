@@ -17,19 +17,22 @@ import uuid
 from pathlib import Path
 
 import pika
+import pika.data
 import pika.spec
 import pytest
 
 from django_rmq_retry.broker import connect, headerguard
-from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS, UndecodableHeaders
+from django_rmq_retry.core.envelope import UNDECODABLE_HEADERS, RawHeaders, UndecodableHeaders
 from tests.conftest import BROKER_URL
 from tests.faults.rawamqp import Raw, RawPublisher, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: A double pika reads as a 309-digit integer it could never send again: pika decodes it
-#: without complaint, our guard marks it undecodable (so the two behaviours are told apart).
-HUGE = {"v": Raw(b"d", struct.pack(">d", 1.7976931348623157e308)), "ok": 1}
+#: A double: pika 1.4 reads it as the integer 2, our connections as the float 2.5 (so the
+#: two readings are told apart).
+DOUBLE = {"v": Raw(b"d", struct.pack(">d", 2.5)), "ok": 1}
+#: A timestamp before 1970: our connections mark the table undecodable (pika raises).
+BEFORE_1970 = {"born": Raw(b"T", struct.pack(">q", -86400))}
 
 PROBE = """
 import json, sys
@@ -62,15 +65,24 @@ def _properties(headers: dict) -> bytes:
     return struct.pack(">H", 1 << 13) + table(headers)
 
 
+def _pikas_own(headers: dict) -> dict:
+    """What pika's own decoder makes of ``headers`` (whatever this pika's version)."""
+    return pika.data.decode_table(table(headers), 0)[0]
+
+
 def test_the_guard_decodes_only_inside_our_connections_io():
     headerguard.install()
     outside = pika.spec.BasicProperties()
-    outside.decode(_properties(HUGE))
-    assert not isinstance(outside.headers, UndecodableHeaders)  # pika's own reading
-    assert outside.headers["v"] > 2**1000
+    outside.decode(_properties(DOUBLE))
+    assert not isinstance(outside.headers, RawHeaders)  # pika's own reading
+    assert outside.headers == _pikas_own(DOUBLE)
     inside = pika.spec.BasicProperties()
     with headerguard.decoding():
-        inside.decode(_properties(HUGE))
+        inside.decode(_properties(DOUBLE))
+    assert isinstance(inside.headers, RawHeaders)
+    assert inside.headers == {"v": 2.5, "ok": 1} and type(inside.headers["v"]) is float
+    with headerguard.decoding():
+        inside.decode(_properties(BEFORE_1970))
     assert UNDECODABLE_HEADERS in inside.headers
 
 
@@ -84,7 +96,7 @@ def test_another_pika_connection_decodes_as_pika_after_ours_ran(broker_ok):
         raw = RawPublisher(BROKER_URL)
         try:
             for _ in range(2):
-                assert raw.publish("", queue, b"{}", headers=HUGE) == "ack"
+                assert raw.publish("", queue, b"{}", headers=DOUBLE) == "ack"
         finally:
             raw.close()
 
@@ -107,13 +119,13 @@ def test_another_pika_connection_decodes_as_pika_after_ours_ran(broker_ok):
         finally:
             ours.close()
         assert headerguard.installed()
-        assert seen and UNDECODABLE_HEADERS in seen[0]  # ours: marked, to be parked
+        assert seen and seen[0] == {"v": 2.5, "ok": 1}  # ours: the double as a float
 
         # The project's own pika connection, in the same process and thread, after ours:
         method, properties, _body = plain_channel.basic_get(queue, auto_ack=True)
         assert method is not None
-        assert not isinstance(properties.headers, UndecodableHeaders)
-        assert properties.headers["v"] > 2**1000 and properties.headers["ok"] == 1
+        assert not isinstance(properties.headers, (RawHeaders, UndecodableHeaders))
+        assert properties.headers == _pikas_own(DOUBLE)
     finally:
         if plain.is_open:
             plain.channel().queue_delete(queue)

@@ -55,7 +55,9 @@ def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     Bytes become marked base64, datetimes ISO text, decimals text. Two more cases that
     SQLite stores but PostgreSQL refuses (which would leave a message unparkable): text
     holding NUL characters (marked base64 of its UTF-8) and NaN/infinite floats (marked
-    text). :func:`headers_from_json` turns every mark back into the original value.
+    text). A float PostgreSQL would store as another value is marked text too
+    (:func:`_exact_in_json`). :func:`headers_from_json` turns every mark back into the
+    original value.
     """
     return {_json_key(k): _json_safe(v) for k, v in (headers or {}).items()}
 
@@ -90,10 +92,25 @@ def _key_back(key: str) -> str | bytes:
     return key
 
 
+def _exact_in_json(value: float) -> bool:
+    """Whether every database's JSON column gives ``value`` back as this same float.
+
+    PostgreSQL refuses NaN and infinities, keeps no sign on zero (``-0.0``), and stores a
+    number written with an exponent (``1e+300``, the form Python writes floats of 1e16 and
+    more in) as the exact integer it equals, which reads back as an ``int``: the headers
+    column would no longer be the one parked (its digest differs, and a requeue would send
+    the values instead of the sender's bytes).
+    """
+    if not math.isfinite(value):
+        return False
+    text = repr(value)
+    return "e+" not in text and text != "-0.0"
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, str):
         return {"__text__": _text_to_b64(value)} if "\x00" in value else value
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and not _exact_in_json(value):
         return {"__float__": repr(value)}
     if isinstance(value, bytes):
         return {"__bytes__": base64.b64encode(value).decode("ascii")}
