@@ -112,6 +112,66 @@ def test_rmq_requeue_reports_progress_on_its_own_stderr(rmq, capsys):
     assert capsys.readouterr().err == ""  # nothing around the command's stream
 
 
+# rmq_requeue selects as the admin's list does -----------------------------------------------
+@pytest.mark.django_db
+def test_rmq_requeue_takes_the_admins_filters_group_first():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.test_admin import make_row
+
+    group = "KeyError at shop/receipts.py:send"
+    now = timezone.now()
+    old = now - timedelta(days=2)
+    make_row(fingerprint=group, attempts=5, last_failure_at=now)
+    make_row(fingerprint=group, attempts=1, last_failure_at=old)
+    make_row(fingerprint="ValueError at shop/orders.py:pay", attempts=5, last_failure_at=now)
+    make_row(fingerprint=group, status="requeued")  # not parked: never selected
+
+    def would(*args: str) -> str:
+        out = io.StringIO()
+        call_command("rmq_requeue", *args, "--dry-run", stdout=out)
+        return out.getvalue().strip()
+
+    assert would("--group", group) == "2 parked message(s) would be requeued."
+    assert would("--fingerprint", group) == would("--group", group)  # one option, two names
+    assert would("--group", group, "--group", "ValueError at shop/orders.py:pay").startswith("3 ")
+    assert would("--group", group, "--min-attempts", "3").startswith("1 ")
+    assert would("--group", group, "--failed-until", "1d").startswith("1 ")
+    assert would("--failed-since", "1d").startswith("2 ")  # the rows failed just now
+    assert would("--group", "nothing like it").startswith("0 ")
+
+
+@pytest.mark.django_db
+def test_the_failure_groups_page_gives_each_groups_command_and_it_selects_the_group(
+    admin_client,
+):
+    import html
+    import shlex
+
+    from django.urls import reverse
+
+    from tests.test_admin import make_row
+
+    for _ in range(3):
+        make_row(fingerprint="KeyError at shop/receipts.py:send")
+    make_row(fingerprint="it's a group; with $hell characters")
+    make_row(
+        receiver="tests.testapp.consumers.beta", fingerprint="KeyError at shop/receipts.py:send"
+    )
+    page = admin_client.get(reverse("admin:django_rmq_retry_parkedmessage_summary"))
+    groups = page.context["groups"]
+    assert len(groups) == 3
+    for group in groups:
+        assert group["shell"] in html.unescape(page.content.decode())
+        argv = shlex.split(group["shell"])
+        assert argv[:3] == ["python", "manage.py", "rmq_requeue"]
+        out = io.StringIO()
+        call_command(*argv[2:], stdout=out)
+        assert out.getvalue() == f"{group['count']} parked message(s) would be requeued.\n"
+
+
 # rmq_consume says what it does --------------------------------------------------------------
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)

@@ -3,7 +3,10 @@ of the parked rows; the charts are inline SVG, no script, no CDN)."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
@@ -14,8 +17,8 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
 from .. import parking
-from ..models import ParkedStatus
 from ..parking import snapshots
+from ..parking.queries import group_query
 
 
 class DashboardMixin(admin.ModelAdmin):
@@ -27,13 +30,8 @@ class DashboardMixin(admin.ModelAdmin):
         changelist = reverse(f"{self.admin_site.name}:django_rmq_retry_parkedmessage_changelist")
         groups = []
         for row in parking.summary(limit=500):
-            query = {
-                "status__exact": ParkedStatus.PARKED,
-                "receiver": row["receiver"],
-                "fingerprint": row["fingerprint"],
-                "error_type": row["error_type"],
-            }
-            groups.append({**row, "url": f"{changelist}?{urlencode(query)}"})
+            query = group_query(row["receiver"], row["fingerprint"], row["error_type"])
+            groups.append({**row, "url": f"{changelist}?{urlencode(query)}", "shell": _shell(row)})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -54,12 +52,7 @@ class DashboardMixin(admin.ModelAdmin):
         changelist = reverse(f"{self.admin_site.name}:django_rmq_retry_parkedmessage_changelist")
         charts = []
         for group in snapshots.series(snapshots.RANGES[span_name]):
-            query = {
-                "status__exact": ParkedStatus.PARKED,
-                "receiver": group.receiver,
-                "fingerprint": group.fingerprint,
-                "error_type": group.error_type,
-            }
+            query = group_query(group.receiver, group.fingerprint, group.error_type)
             charts.append(
                 {
                     "group": group,
@@ -77,6 +70,14 @@ class DashboardMixin(admin.ModelAdmin):
             "changelist_url": changelist,
         }
         return TemplateResponse(request, "django_rmq_retry/admin/dashboard.html", context)
+
+
+def _shell(group: Mapping[str, Any]) -> str:
+    """The same group from a shell: ``rmq_requeue``'s selection of it, counted."""
+    return (
+        f"python manage.py rmq_requeue --receiver {shlex.quote(group['receiver'])} "
+        f"--group {shlex.quote(group['fingerprint'])} --dry-run"
+    )
 
 
 #: The chart's drawing box (the SVG scales to its container: a phone gets it narrower).

@@ -48,6 +48,8 @@ def parse_when(text: str) -> datetime:
 
 
 def add_filter_arguments(parser: ArgumentParser) -> None:
+    """The admin list's selections as options (each a filter on an indexed column; several
+    values of one option are alternatives, several options all apply)."""
     parser.add_argument(
         "--receiver", action="append", default=[], help="Receiver dotted path (repeatable)."
     )
@@ -59,6 +61,16 @@ def add_filter_arguments(parser: ArgumentParser) -> None:
         help="Exception type, e.g. ValueError (repeatable).",
     )
     parser.add_argument(
+        "--fingerprint",
+        "--group",
+        dest="fingerprint",
+        action="append",
+        default=[],
+        metavar="FINGERPRINT",
+        help="Failure group, exactly as the admin's Failure groups page shows it, e.g. "
+        "'KeyError at shop/receipts.py:send' (repeatable).",
+    )
+    parser.add_argument(
         "--reason",
         action="append",
         default=[],
@@ -68,6 +80,15 @@ def add_filter_arguments(parser: ArgumentParser) -> None:
     )
     parser.add_argument("--since", help="Parked at or after (ISO date/datetime or an age like 2h).")
     parser.add_argument("--until", help="Parked before (ISO date/datetime or an age like 2h).")
+    parser.add_argument(
+        "--failed-since", help="Last failed at or after (ISO date/datetime or an age like 2h)."
+    )
+    parser.add_argument(
+        "--failed-until", help="Last failed before (ISO date/datetime or an age like 2h)."
+    )
+    parser.add_argument(
+        "--min-attempts", type=int, metavar="N", help="Receiver runs at least N (attempts)."
+    )
     parser.add_argument(
         "--id",
         dest="ids",
@@ -91,12 +112,20 @@ def filtered_queryset(options: dict[str, Any]) -> QuerySet[ParkedMessage]:
         for et in options["error_type"]:
             q |= Q(error_type=et) | Q(error_type__endswith="." + et)
         qs = qs.filter(q)
+    if options.get("fingerprint"):
+        qs = qs.filter(fingerprint__in=options["fingerprint"])
     if options.get("reason"):
         qs = qs.filter(reason__in=options["reason"])
     if options.get("since"):
         qs = qs.filter(parked_at__gte=parse_when(options["since"]))
     if options.get("until"):
         qs = qs.filter(parked_at__lt=parse_when(options["until"]))
+    if options.get("failed_since"):
+        qs = qs.filter(last_failure_at__gte=parse_when(options["failed_since"]))
+    if options.get("failed_until"):
+        qs = qs.filter(last_failure_at__lt=parse_when(options["failed_until"]))
+    if options.get("min_attempts") is not None:
+        qs = qs.filter(attempts__gte=options["min_attempts"])
     if options.get("ids"):
         ids = [int(x) for chunk in options["ids"] for x in str(chunk).split(",") if x.strip()]
         qs = qs.filter(pk__in=ids)

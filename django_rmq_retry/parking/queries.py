@@ -5,6 +5,7 @@
 * :class:`WordsMatch`: whole words of a text column; on PostgreSQL through the full-text
   index of migration 0001 (``to_tsvector('simple', error_message)``), elsewhere a ``LIKE``
   per word (a scan: the clear limit of other databases).
+* :func:`group_query`: the admin list's filters for one failure group's parked rows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import BooleanField, Expression, F, Q
 
-from ..models import ParkedMessage
+from ..models import ParkedMessage, ParkedStatus
 
 #: The text-search configuration of the full-text index: words as written, no stemming, no
 #: stop words (error messages are not prose), case folded.
@@ -48,6 +49,17 @@ def distinct_values(
     with connection.cursor() as cursor:
         cursor.execute(sql, [limit])
         return [row[0] for row in cursor.fetchall()]
+
+
+def group_query(receiver: str, fingerprint: str, error_type: str) -> dict[str, str]:
+    """The admin list's filters (its query string) for one failure group's parked rows: one
+    definition for the failure-groups page, the dashboard and the alerts' links."""
+    return {
+        "status__exact": str(ParkedStatus.PARKED),  # its value: "parked"
+        "receiver": receiver,
+        "fingerprint": fingerprint,
+        "error_type": error_type,
+    }
 
 
 def _escape_like(text: str) -> str:

@@ -181,7 +181,10 @@ class Command(BaseCommand):
         p = operations.progress(op)
         bar.close(p.sent, f"handled {p.handled:,} failed again {p.failed_again:,}")
         rate = f", {p.achieved_rate} msg/s" if p.achieved_rate else ""
-        line = f"{op.get_state_display()}: {op.state_reason} (sent {p.sent}{rate})"
+        # The reason says the state in words of its own ("Done: ...", "The canary failed:
+        # ...", "Cancelled by ..."); the bare state only when there is none.
+        said = op.state_reason or f"{op.get_state_display()}."
+        line = f"{said} (sent {p.sent}{rate})"
         if op.state == OperationState.DONE:
             self.stdout.write(self.style.SUCCESS(line))
         else:
