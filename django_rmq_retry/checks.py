@@ -85,6 +85,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_declare_on_send(),
         *_observability(),
         *_channels_module(),
+        *_alerts(),
     ]
 
 
@@ -220,6 +221,40 @@ def _channels_module() -> Messages:
             id=f"{ID}.W002",
         )
     ]
+
+
+def _alerts() -> Messages:
+    """Alerts on (ALERT_CHECK_SECONDS > 0) that nobody would read: without ALERT_HANDLER
+    they go to ``mail_admins``, which returns quietly when ADMINS is empty. And a link base
+    (ALERT_ADMIN_URL) that would make broken links."""
+    from django.conf import settings
+
+    out: Messages = []
+    base = app_settings.ALERT_ADMIN_URL
+    if not isinstance(base, str) or (base and urlsplit(base).scheme not in ("http", "https")):
+        out.append(
+            _err(
+                17,
+                f"{SETTING_NAME}['ALERT_ADMIN_URL'] must be \"\" or an http(s) URL, got {base!r}.",
+                'The admin\'s address as operators open it, e.g. "https://ops.example.com/admin/"; '
+                '"" links alerts with the admin\'s path only.',
+            )
+        )
+    every = app_settings.ALERT_CHECK_SECONDS
+    on = isinstance(every, int | float) and not isinstance(every, bool) and every > 0
+    if on and not app_settings.ALERT_HANDLER and not settings.ADMINS:
+        out.append(
+            checks.Warning(
+                "Failure-group alerts are on, but nobody would receive them: ALERT_HANDLER is "
+                "None, so they go to mail_admins, and settings.ADMINS is empty. The consumers "
+                "send none until one of them is set.",
+                hint=f"Set settings.ADMINS, or {SETTING_NAME}['ALERT_HANDLER'] to a callable's "
+                "dotted path (docs/howto/operators.md), or ALERT_CHECK_SECONDS = 0 to turn "
+                "alerts off.",
+                id=f"{ID}.W003",
+            )
+        )
+    return out
 
 
 def _known_keys(user: Mapping[str, Any]) -> Messages:

@@ -132,6 +132,10 @@ DEFAULTS: dict[str, Any] = {
     "ALERT_THRESHOLD": 100,
     "ALERT_WINDOW_SECONDS": 3600,
     "ALERT_CHECK_SECONDS": 30,
+    # The admin's address as operators open it (e.g. "https://ops.example.com/admin/"): each
+    # alert links to its group's parked messages there. A consumer has no request to learn
+    # the host from; "" gives the admin's path only (/admin/django_rmq_retry/...).
+    "ALERT_ADMIN_URL": "",
     # Observability (docs/howto/observability.md). A port: rmq_consume serves Prometheus
     # metrics (/metrics, needs the "prometheus" extra) and health probes (/healthz/live,
     # /healthz/ready) there; --metrics-port overrides it. None: no endpoint.

@@ -31,6 +31,10 @@ RMQ_RETRY = {
     # subject is declare-on-send set it themselves.
     "DECLARE_ON_SEND": env.bool("RMQ_DECLARE_ON_SEND", default=False),
 }
+# Someone to receive the failure-group alerts (check W003): mails stay in memory, in the
+# consumer children too (no SMTP server in tests).
+ADMINS = [("Tests", "tests@example.com")]
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
