@@ -22,6 +22,11 @@ connections is opened (never at import), and it hands every call to pika's own d
 unless the calling thread is inside :func:`decoding` — which our connections set around
 their I/O (a pika connection belongs to one thread, and reads only inside its calls). Any
 other pika code in the process, before or after ours ran, decodes exactly as pika does.
+
+pika offers no public way to choose a connection's table decoder, so this is the one module
+that reaches into pika for it (``pika.spec.data``, see :func:`guard_table_decoding`),
+feature-detected on the running pika and reported at start-up with ``pikaext``'s pieces
+(``header guard on``). Tested on the oldest and the newest pika ``pyproject.toml`` allows.
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pika.data
+import pika.spec
 
 from ..core import amqptable
 from ..core.envelope import UNDECODABLE_HEADERS, RawHeaders, UndecodableHeaders
@@ -55,14 +64,19 @@ def decoding() -> Iterator[None]:
         _scope.depth -= 1
 
 
+#: Marks our wrapper of pika's table decoding module (so it is put in place once).
+_MARK = "_rmq_retry_guard"
+_lock = threading.Lock()
+
+
 def installed() -> bool:
     """Whether the wrapper is in place (after our first connection)."""
-    return pikaext.table_decoding_guarded()
+    return table_decoding_guarded()
 
 
 def install() -> bool:
     """Wrap the header-table decoder pika uses for properties (idempotent); False if this
-    pika cannot be wrapped (``pikaext``: then pika's own decoding stays, unguarded).
+    pika cannot be wrapped (then pika's own decoding stays, unguarded).
 
     Outside :func:`decoding` the wrapper calls pika's own decoder and nothing else.
     """
@@ -75,7 +89,33 @@ def install() -> bool:
 
         return decode_table
 
-    return pikaext.guard_table_decoding(make)
+    return guard_table_decoding(make)
+
+
+def guard_table_decoding(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Have pika's properties decode header tables with ``make(pika's decode_table)``.
+
+    pika's ``spec`` module decodes tables through its module global ``data``; that global
+    (not pika's ``data`` module itself) is pointed at a copy whose ``decode_table`` is ours.
+    Idempotent; False (and pika untouched) if ``spec`` is not shaped so.
+    """
+    with _lock:
+        current = getattr(pika.spec, "data", None)
+        on = bool(getattr(current, _MARK, False))
+        data: Any = pika.data
+        unchanged = current is pika.data  # (not narrowing ``data``: it stays a module)
+        if not on and unchanged and callable(getattr(data, "decode_table", None)):
+            guarded = types.ModuleType(data.__name__)
+            guarded.__dict__.update(vars(data))
+            guarded.decode_table = make(data.decode_table)  # type: ignore[attr-defined]
+            setattr(guarded, _MARK, True)
+            pika.spec.data = guarded  # type: ignore[attr-defined]
+            on = True
+    return pikaext.note("header guard", on)
+
+
+def table_decoding_guarded() -> bool:
+    return bool(getattr(getattr(pika.spec, "data", None), _MARK, False))
 
 
 def guarded_decode(encoded: bytes, offset: int) -> tuple[dict[Any, Any], int]:

@@ -1,15 +1,14 @@
-"""What pika lacks and we need: the one module that reads or replaces pika's internals.
+"""What pika lacks and we need: the module that reads pika's internals.
 
-Everything else in ``broker/`` uses pika through its public API. Each piece here is
+Everything else in ``broker/`` uses pika through its public API, but for the header guard
+(``headerguard``: the table decoder of our connections' properties), which says here whether
+it is on. Each piece here is
 feature-detected on the objects of the running pika (never on a version number) and, where
 pika is not shaped as expected, it is off and the caller takes pika's public path: slower,
 never wrong. :func:`log_features` says once, at the consumer's start-up, which are on
 (``pika 1.4.4: frame joining on, ...``), so production learns when a pika upgrade turned
 one off. Tested on the oldest and the newest pika ``pyproject.toml`` allows.
 
-- **header guard** (``pika.spec.data``): the table decoder pika's properties use is
-  wrapped so a table pika cannot decode becomes a parked message instead of a dead
-  connection (``headerguard``: the wrapper is pika's own decoder outside our I/O).
 - **frame joining** (a connection's transport: ``_tx_buffers``, ``_produce``): the frames
   queued on one of our connections leave in a few ``send()`` calls, not one per frame.
 - **direct publish frames** (a channel's ``_raise_if_not_open``, its connection's
@@ -30,13 +29,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import types
-from collections.abc import Callable
 from typing import Any
 
 import pika
-import pika.data
-import pika.spec
 
 from .frames import publish_frames
 
@@ -55,15 +50,13 @@ _FEATURES: dict[str, bool | None] = {
 _lock = threading.Lock()
 _logged = False
 
-#: Marks our wrapper of pika's table decoding module (so it is put in place once).
-_MARK = "_rmq_retry_guard"
-
 
 class PikaUnsupported(RuntimeError):
     """The installed pika lacks something we cannot do without."""
 
 
-def _note(feature: str, on: bool) -> bool:
+def note(feature: str, on: bool) -> bool:
+    """Record whether ``feature`` is on in this process (once off, it says off)."""
     with _lock:
         if _FEATURES.get(feature) is None or not on:  # once off, it says off
             _FEATURES[feature] = on
@@ -93,35 +86,6 @@ def log_features() -> None:
     logger.log(level, "pika %s: %s", pika_version(), ", ".join(parts))
 
 
-# Header guard -----------------------------------------------------------------------------
-
-
-def guard_table_decoding(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Have pika's properties decode header tables with ``make(pika's decode_table)``.
-
-    pika's ``spec`` module decodes tables through its module global ``data``; that global
-    (not pika's ``data`` module itself) is pointed at a copy whose ``decode_table`` is ours.
-    Idempotent; False (and pika untouched) if ``spec`` is not shaped so.
-    """
-    with _lock:
-        current = getattr(pika.spec, "data", None)
-        on = bool(getattr(current, _MARK, False))
-        data: Any = pika.data
-        unchanged = current is pika.data  # (not narrowing ``data``: it stays a module)
-        if not on and unchanged and callable(getattr(data, "decode_table", None)):
-            guarded = types.ModuleType(data.__name__)
-            guarded.__dict__.update(vars(data))
-            guarded.decode_table = make(data.decode_table)  # type: ignore[attr-defined]
-            setattr(guarded, _MARK, True)
-            pika.spec.data = guarded  # type: ignore[attr-defined]
-            on = True
-    return _note("header guard", on)
-
-
-def table_decoding_guarded() -> bool:
-    return bool(getattr(getattr(pika.spec, "data", None), _MARK, False))
-
-
 # Frame joining ----------------------------------------------------------------------------
 
 
@@ -139,7 +103,7 @@ def join_queued_frames(raw: pika.BlockingConnection) -> bool:
     frames = getattr(transport, "_tx_buffers", None)
     produce = getattr(transport, "_produce", None)
     if not isinstance(frames, collections.deque) or not callable(produce):
-        return _note("frame joining", False)
+        return note("frame joining", False)
 
     def produce_joined() -> None:
         if len(frames) > 1:
@@ -147,7 +111,7 @@ def join_queued_frames(raw: pika.BlockingConnection) -> bool:
         produce()
 
     transport._produce = produce_joined  # type: ignore[union-attr]
-    return _note("frame joining", True)
+    return note("frame joining", True)
 
 
 def join(frames: collections.deque[bytes]) -> None:
@@ -181,7 +145,7 @@ class FrameWriter:
         self._output = getattr(connection, "_output_marshaled_frames", None)
         body_max = getattr(connection, "_body_max_length", None)
         number = getattr(channel, "channel_number", None)
-        self.usable = _note(
+        self.usable = note(
             "direct publish frames",
             callable(self._check)
             and callable(self._output)
@@ -229,9 +193,9 @@ def idle_state(raw: pika.BlockingConnection) -> tuple[list[int], float | None] |
         ):
             raise TypeError(due)
     except (AttributeError, KeyError, TypeError, ImportError):
-        _note("two-connection wait", False)
+        note("two-connection wait", False)
         return None
-    _note("two-connection wait", True)
+    note("two-connection wait", True)
     return fds, due
 
 
