@@ -1,11 +1,11 @@
 """The transport edge: the only package that imports pika.
 
-Connections and channels (``connection``), publishing with confirms in flight
-(``confirms``), message properties encoded (``wire``), topology declaration (``topology``),
-the header-decoding guard (``headerguard``), what pika lacks and we need (``pikaext``: the
-one module that touches pika's internals) and pika's errors translated into ours
-(``errors``). pika 2.0 drops ``BlockingConnection``; a transport swap touches this package
-only.
+Connections and channels (``connection``), connections on an event loop (``links``),
+publishing with confirms in flight (``confirms``), message properties encoded (``wire``),
+topology declaration (``topology``), the header-decoding guard (``headerguard``), what
+pika lacks and we need (``pikaext``: the one module that touches pika's internals) and
+pika's errors translated into ours (``errors``). pika 2.0 drops ``BlockingConnection``; a
+transport swap touches this package only.
 
 Importing this package loads nothing: its names are looked up on first use (PEP 562), so
 importing the app (every web worker, ``migrate``, ``shell``) neither loads pika nor changes
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .confirms import BatchOutcome, ConfirmChannel, Outgoing, Pipeline, settled_reason
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
+    from .links import Link, asyncio_link, select_link
     from .pikaext import log_features
     from .wire import Encoded, decode_properties, encode_properties
 
@@ -35,6 +36,9 @@ _WHERE = {
     "connect": "connection",
     "connection_parameters": "connection",
     "mask_url": "connection",
+    "Link": "links",
+    "asyncio_link": "links",
+    "select_link": "links",
     "Encoded": "wire",
     "decode_properties": "wire",
     "encode_properties": "wire",
@@ -47,14 +51,17 @@ __all__ = [
     "ConfirmChannel",
     "Connection",
     "Encoded",
+    "Link",
     "Outgoing",
     "Pipeline",
+    "asyncio_link",
     "connect",
     "connection_parameters",
     "decode_properties",
     "encode_properties",
     "log_features",
     "mask_url",
+    "select_link",
     "settled_reason",
 ]
 
