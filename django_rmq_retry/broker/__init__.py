@@ -1,11 +1,11 @@
 """The transport edge: the only package that imports pika.
 
 Connections and channels (``connection``), connections on an event loop (``links``),
-publishing with confirms in flight (``confirms``), message properties encoded (``wire``),
-topology declaration (``topology``), the header-decoding guard (``headerguard``), what
-pika lacks and we need (``pikaext``: the one module that touches pika's internals) and
-pika's errors translated into ours (``errors``). pika 2.0 drops ``BlockingConnection``; a
-transport swap touches this package only.
+publishing with confirms in flight (``confirms``; on a link, ``window``), message
+properties encoded (``wire``), topology declaration (``topology``), the header-decoding
+guard (``headerguard``), what pika lacks and we need (``pikaext``: the one module that
+touches pika's internals) and pika's errors translated into ours (``errors``). pika 2.0
+drops ``BlockingConnection``; a transport swap touches this package only.
 
 Importing this package loads nothing: its names are looked up on first use (PEP 562), so
 importing the app (every web worker, ``migrate``, ``shell``) neither loads pika nor changes
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
     from .links import Link, asyncio_link, select_link
     from .pikaext import log_features
+    from .window import ConfirmWindow
     from .wire import Encoded, decode_properties, encode_properties
 
 #: Each public name and the module that defines it.
@@ -39,6 +40,7 @@ _WHERE = {
     "Link": "links",
     "asyncio_link": "links",
     "select_link": "links",
+    "ConfirmWindow": "window",
     "Encoded": "wire",
     "decode_properties": "wire",
     "encode_properties": "wire",
@@ -49,6 +51,7 @@ __all__ = [
     "BatchOutcome",
     "Channel",
     "ConfirmChannel",
+    "ConfirmWindow",
     "Connection",
     "Encoded",
     "Link",
