@@ -82,3 +82,22 @@ def test_a_remembered_queue_the_broker_lost_is_forgotten(rmq, registry_snapshot)
     rmq.ch().queue_delete(old_queue)
     assert "No orphan queues." in _run("rmq_orphans")
     assert not DeclaredQueue.objects.filter(name=old_queue).exists()
+
+
+def test_a_queue_declared_by_setup_only_is_an_orphan_once_its_receiver_is_renamed(
+    rmq, registry_snapshot
+):
+    """A deploy that declares with ``rmq_consume --setup-only`` (not ``rmq_setup``) and
+    renames a receiver later: ``--list`` names the queue left behind."""
+    old_queue = rmq.queue("gamma")
+    DeclaredQueue.objects.all().delete()  # what the rmq fixture's own declare remembered
+    _run("rmq_consume", setup_only=True, verbosity=0)
+    assert DeclaredQueue.objects.get(name=old_queue).receiver == "tests.testapp.consumers.gamma"
+
+    _rename_gamma()
+    listed = _run("rmq_consume", list=True)
+    assert "Orphan queues (no receiver owns them; rmq_orphans)" in listed
+    assert (
+        f"  {old_queue}: 0 message(s), 0 consumer(s); was the queue of "
+        "tests.testapp.consumers.gamma" in listed
+    ), listed

@@ -74,7 +74,10 @@ class Command(BaseCommand):
             help="Exit with an error if the broker cannot be reached at start (default: keep retrying).",
         )
         parser.add_argument(
-            "--setup-only", action="store_true", help="Declare the topology and exit."
+            "--setup-only",
+            action="store_true",
+            help="Declare the topology, remember the receivers' queues (a queue left behind by "
+            "a renamed receiver is told from them) and exit.",
         )
         parser.add_argument(
             "--no-orphans",
@@ -343,6 +346,16 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         finally:
             conn.close()
+        # Remembered as rmq_setup does: a receiver renamed later leaves this queue behind,
+        # and only a remembered queue is reported as an orphan (management/orphans.py).
+        try:
+            orphans.record(receivers)
+        except DatabaseError as exc:
+            self.stderr.write(
+                f"The declared queues were not recorded ({exc}): a receiver renamed later "
+                "will not have its old queue reported as an orphan. Run `manage.py migrate "
+                "django_rmq_retry`, then this again."
+            )
         self.stdout.write(
             self.style.SUCCESS(f"Topology declared for {len(receivers)} receiver(s).")
         )
