@@ -56,19 +56,33 @@ class _Target(Protocol):
     def queue(self) -> str: ...
 
 
+#: Ids a result keeps of the rows requeued, and of those refused (a background operation's
+#: step sends at most this many, so its result names every row).
+IDS_KEPT = 1000
+
+
 @dataclass
 class RequeueResult:
     requeued: int = 0
     failed: int = 0
     skipped: int = 0
     matched: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # for people: the first 20
     requeued_ids: list[int] = field(default_factory=list)
+    #: Rows counted in ``failed``: refused by the broker, too large, unroutable or nacked.
+    refused_ids: list[int] = field(default_factory=list)
     stopped: bool = False  # the deadline came first: matching rows may still be parked
 
     def add_error(self, text: str) -> None:
         if len(self.errors) < 20:
             self.errors.append(text)
+
+    def add_refused(self, pk: int, text: str) -> None:
+        """Row ``pk`` is not requeued (it stays parked) and counts as failed, because ``text``."""
+        self.failed += 1
+        if len(self.refused_ids) < IDS_KEPT:
+            self.refused_ids.append(pk)
+        self.add_error(f"#{pk}: {text}")
 
 
 class RequeueInterrupted(PublishError):
@@ -524,9 +538,8 @@ def _refuse_too_large(
         ids_in([row.pk for row, _size in rows], using), token=token
     ).delete()
     for row, size in rows:
-        result.failed += 1
         text = too_large_to_requeue(frame_max, size)
-        result.add_error(f"#{row.pk}: {text}")
+        result.add_refused(row.pk, text)
         _note_refusal(row.pk, text, using)
 
 
@@ -556,20 +569,18 @@ def _settle(
         if row.pk not in refused_by_broker:
             continue
         why = refused_by_broker[row.pk]
-        result.failed += 1
-        result.add_error(f"#{row.pk}: the broker refuses it: {why}")
+        result.add_refused(row.pk, f"the broker refuses it: {why}")
         _note_refusal(row.pk, f"the broker refuses it: {why}", using)
     for row in [] if lost else refused:
         if row.pk in refused_by_broker:
             continue
-        result.failed += 1
         if mode == MODE_TOPIC:
             text = (
                 f"no queue is bound for routing key {row.routing_key!r} (or the broker nacked it)"
             )
         else:
             text = f"the broker refused the message for queue {row.queue!r}"
-        result.add_error(f"#{row.pk}: {text}")
+        result.add_refused(row.pk, text)
 
 
 def _note_refusal(pk: int, why: str, using: str) -> None:
@@ -621,8 +632,8 @@ def _mark_requeued(
             )
     ids = [row.pk for row in rows]
     result.requeued += len(ids)
-    if len(result.requeued_ids) < 1000:
-        result.requeued_ids.extend(ids[: 1000 - len(result.requeued_ids)])
+    if len(result.requeued_ids) < IDS_KEPT:
+        result.requeued_ids.extend(ids[: IDS_KEPT - len(result.requeued_ids)])
     signals.message_requeued.send_robust(
         sender="django_rmq_retry", parked_ids=ids, user=user, mode=mode
     )
