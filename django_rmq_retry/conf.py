@@ -102,6 +102,14 @@ DEFAULTS: dict[str, Any] = {
     "REQUEUE_CLAIM_TIMEOUT": 300,
     # Rows per batch for requeue, discard and purge; a larger batch means fewer statements.
     "BATCH_SIZE": 1000,
+    # Seconds the process stepping a background requeue operation holds it: renewed every
+    # third of it while a step runs, so another process takes over only after a whole
+    # lease with no renewal (the stepper died or froze). Shorter: faster takeover.
+    "OPERATION_LEASE_SECONDS": 30,
+    # Seconds an operation waits for the outcome of copies it sent (handled, or failed
+    # again) with none reported: then they count as "outcome unknown" and are never sent
+    # again; a canary or ramp stage stops there (Resume goes on), the last wait ends.
+    "OPERATION_OUTCOME_TIMEOUT": 600,
     # Transactional outbox (docs/howto/outbox.md): Topic.send writes a row in the
     # current database transaction and the relay publishes it once that commits. False keeps
     # the direct publish; Topic(..., outbox=) and send(..., outbox=) choose per topic or call.

@@ -191,8 +191,13 @@ class RequeueOperation(models.Model):
 
     The selection is fixed when the operation is created: one :class:`RequeueItem` per
     parked row it covers (inserted by one ``INSERT ... SELECT``), so rows parked later do
-    not join. The counters are refreshed at every step from the items, so the admin's
-    progress reads this one row.
+    not join. The counters are kept by the statements that change the items (``F()``
+    updates in the same transaction), so the admin's progress reads this one row.
+
+    Several processes write it: an operator's pause, resume and cancel, the process
+    stepping it (its lease), the consumers reporting outcomes. Each write is one
+    conditional ``UPDATE`` (``parking.operations``): what an operator set always wins over
+    a step in flight.
     """
 
     created_by = models.CharField(_("created by"), max_length=150)
@@ -228,6 +233,15 @@ class RequeueOperation(models.Model):
     failed_again = models.PositiveIntegerField(_("failed again"), default=0)
     refused = models.PositiveIntegerField(_("refused by the broker"), default=0)
     skipped = models.PositiveIntegerField(_("skipped"), default=0)
+    #: Sent (or maybe sent, by a step that died) and no outcome reported in time: a part of
+    #: ``sent``, no longer waited for.
+    unknown = models.PositiveIntegerField(_("outcome unknown"), default=0)
+    #: Failures counted before the last resume: a resume goes on past them.
+    failed_baseline = models.PositiveIntegerField(_("failed before the last resume"), default=0)
+    #: ``sent`` when the operation was last resumed after a stop: the canary starts again there.
+    canary_from = models.PositiveIntegerField(_("canary from"), default=0)
+    #: When a copy's outcome was last reported (or the operation resumed): waits time out.
+    last_outcome_at = models.DateTimeField(_("last outcome at"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("requeue operation")
@@ -241,11 +255,16 @@ class RequeueOperation(models.Model):
 
 class ItemState(models.TextChoices):
     PENDING = "pending", _("Pending")
+    #: Taken by a step (fenced by its lease) and being published now.
+    SENDING = "sending", _("Sending")
     SENT = "sent", _("Sent")
     HANDLED = "handled", _("Handled")
     FAILED = "failed", _("Failed again")
     REFUSED = "refused", _("Refused by the broker")
     SKIPPED = "skipped", _("Skipped (no longer parked)")
+    #: Sent, or maybe sent by a step that died, and no outcome reported in time: never sent
+    #: again by the operation (a late report still counts it).
+    UNKNOWN = "unknown", _("Outcome unknown")
 
 
 class RequeueItem(models.Model):

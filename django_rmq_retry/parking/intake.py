@@ -26,6 +26,7 @@ from ..core.envelope import Envelope, delivery_digest, read_incoming
 from ..core.names import Names
 from ..db.batches import insert_rows
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
+from . import outcomes
 from .rows import json_safe_headers, properties_json, text_column
 
 logger = logging.getLogger("django_rmq_retry.parking")
@@ -85,6 +86,7 @@ class _Prepared:
     parked_id: str | None
     requeued: int
     now: datetime
+    operation: int | None = None  # the background operation that sent this copy, if any
 
 
 def _db_time(at: datetime | None) -> datetime | None:
@@ -134,7 +136,12 @@ def _prepare(req: ParkRequest, names: Names) -> _Prepared:
         "parked_at": now,
     }
     env = _envelope(req, names)
-    return _Prepared(_key(req, env), fields, event, env.parked_id, env.requeued, now)
+    operation = headers.get(names.header("operation")) if env.parked_id else None
+    try:
+        op_id = int(operation) if operation is not None else None
+    except (TypeError, ValueError):
+        op_id = None
+    return _Prepared(_key(req, env), fields, event, env.parked_id, env.requeued, now, op_id)
 
 
 def park(
@@ -221,6 +228,8 @@ def _place(req: ParkRequest, p: _Prepared, using: str) -> tuple[ParkedMessage, b
     row.park_count = row.park_count + 1
     row.history = [*(row.history or []), *back, p.event][-50:]
     row.save()
+    if p.operation is not None:  # an operation's copy failed again: its item says so
+        outcomes.failed_again(p.operation, row.pk, using)
     return row, False
 
 

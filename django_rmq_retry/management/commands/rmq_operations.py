@@ -39,8 +39,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         for verb in ("pause", "resume", "cancel"):
             if options[verb] is not None:
-                if not getattr(operations, verb)(options[verb], "cli"):
-                    raise CommandError(f"operation #{options[verb]} cannot {verb} in its state")
+                done = getattr(operations, verb)(options[verb], "cli")
+                if not done:
+                    now = f"it is {done.state} (by {done.changed_by or '?'})" if done.state else ""
+                    raise CommandError(
+                        f"operation #{options[verb]} cannot {verb}: {now or 'no such operation'}"
+                    )
                 self.stdout.write(f"Operation #{options[verb]}: {verb}d.")
                 return
         if options["list"]:

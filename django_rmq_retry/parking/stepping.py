@@ -1,0 +1,293 @@
+"""Steps of background requeue operations, each fenced by the step's lease.
+
+The process that holds an operation's lease (``parking.lease``) steps it: sends the next
+batch the options allow, or waits for outcomes, or finishes. Every write here is one
+conditional ``UPDATE`` that requires the step's lease token, and all but the batch's own
+counts require the operation to be running: an operator's pause or cancel during a step
+stands, and the step stops at its current batch.
+
+Before it publishes, a step fences its batch (items ``sending``, only while its lease holds
+and the operation runs). A process that takes over an operation whose stepper died (or
+froze past its lease) counts such items sent and never sends them again: their outcome is
+reported like any other (``parking.outcomes``), and copies with no outcome for
+``OPERATION_OUTCOME_TIMEOUT`` seconds count as "outcome unknown", so no wait lasts for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ..conf import app_settings, current_names
+from ..core.errors import PublishError
+from ..models import (
+    ItemState,
+    OperationState,
+    ParkedMessage,
+    ParkedStatus,
+    RequeueItem,
+    RequeueOperation,
+)
+from . import lease
+from .outcomes import operation_tag
+from .requeuing import IDS_KEPT, RequeueInterrupted, RequeueResult, requeue
+
+logger = logging.getLogger("django_rmq_retry.operations")
+
+#: The ramp's batch sizes; past the last one, ``BATCH_SIZE`` rows a step.
+RAMP = (1, 5, 20, 100, 500)
+#: A paced step sends at most this many seconds' worth of the rate (smooth, not bursty).
+PACE_SECONDS = 0.5
+#: Seconds of lag a paced step may catch up (the rate's clock never runs further back).
+CATCH_UP_SECONDS = 1.0
+#: Seconds between two steps of an operation waiting for outcomes.
+WAIT_SECONDS = 0.5
+#: Rows a step sends at most: every id of a step comes back in its ``RequeueResult``.
+MAX_STEP = 1000
+assert MAX_STEP <= IDS_KEPT
+#: The header (under the prefix) naming the operation on a requeued copy.
+HEADER = "operation"
+
+
+def header_name() -> str:
+    return current_names().header(HEADER)
+
+
+def waiting_count(op: RequeueOperation) -> int:
+    return max(0, op.sent - op.handled - op.failed_again - op.unknown)
+
+
+def _first_failure(op: RequeueOperation) -> str:
+    item = (
+        RequeueItem.objects.filter(operation=op, state=ItemState.FAILED)
+        .order_by("parked_id")
+        .first()
+    )
+    row = ParkedMessage.objects.filter(pk=item.parked_id).first() if item else None
+    if row is None:
+        return "a requeued message failed again"
+    return f"message #{row.pk} failed again: {row.error_type}: {row.error_message[:200]}"
+
+
+def _fenced(op_id: int, mine: str) -> QuerySet[RequeueOperation]:
+    """The operation, if it is running and this step still holds its lease."""
+    return RequeueOperation.objects.filter(pk=op_id, lease_owner=mine, state=OperationState.RUNNING)
+
+
+def _finish(op: RequeueOperation, mine: str, state: Any, reason: str) -> None:
+    _fenced(op.pk, mine).update(state=state, state_reason=reason, updated_at=timezone.now())
+
+
+def _wait(op: RequeueOperation, mine: str, now: datetime, reason: str) -> None:
+    _fenced(op.pk, mine).update(
+        next_at=now + timedelta(seconds=WAIT_SECONDS), state_reason=reason, updated_at=now
+    )
+
+
+def _batch_size(op: RequeueOperation, now: datetime) -> int:
+    """Rows the next step sends. With a rate: half a second's worth, plus what the steps
+    fell behind their clock (a step takes time of its own; at most a second is caught up,
+    so a pause never turns into a burst)."""
+    size = int(app_settings.BATCH_SIZE)
+    if op.ramp and op.step < len(RAMP):
+        size = min(size, RAMP[op.step])
+    if op.rate:
+        behind = min(CATCH_UP_SECONDS, max(0.0, (now - op.next_at).total_seconds()))
+        size = min(size, max(1, math.ceil(op.rate * (PACE_SECONDS + behind))))
+    return size
+
+
+def advance(op_id: int, *, owner: str) -> RequeueOperation | None:
+    """One step of operation ``op_id`` if it is running, due, and not leased by another
+    step; the operation as it is after the step (``None``: not this process's turn)."""
+    mine = lease.token(owner)
+    now = timezone.now()
+    with transaction.atomic():
+        won = RequeueOperation.objects.filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+            pk=op_id,
+            state=OperationState.RUNNING,
+            next_at__lte=now,
+        ).update(lease_owner=mine, lease_until=now + lease.until())
+        if not won:
+            return None
+        _take_over(op_id, now)
+    keeper = lease.Keeper(op_id, mine)
+    keeper.start()
+    try:
+        _step(RequeueOperation.objects.get(pk=op_id), mine, now)
+    finally:
+        keeper.stop()
+        RequeueOperation.objects.filter(pk=op_id, lease_owner=mine).update(lease_until=None)
+    return RequeueOperation.objects.get(pk=op_id)
+
+
+def _take_over(op_id: int, now: datetime) -> None:
+    """Items a step fenced and never settled (it died, or froze past its lease): their
+    copies may be out, so they count as sent and wait for their outcome (a handled report
+    marks the row requeued), never sent again; the outcome timeout ends the wait."""
+    n = RequeueItem.objects.filter(operation_id=op_id, state=ItemState.SENDING).update(
+        state=ItemState.SENT
+    )
+    if n:
+        logger.warning("requeue operation #%s: %d copies of a dead step counted sent", op_id, n)
+        RequeueOperation.objects.filter(pk=op_id).update(sent=F("sent") + n, last_outcome_at=now)
+
+
+def _overdue(op: RequeueOperation, now: datetime) -> bool:
+    """No outcome reported for ``OPERATION_OUTCOME_TIMEOUT`` since the last one (or the
+    last send, or the resume)."""
+    since = max((t for t in (op.last_outcome_at, op.last_sent_at) if t), default=None)
+    timeout = float(app_settings.OPERATION_OUTCOME_TIMEOUT)
+    return since is not None and (now - since).total_seconds() > timeout
+
+
+def _give_up_waiting(op: RequeueOperation, mine: str) -> int:
+    """The copies still waiting count as "outcome unknown" (a late report still counts)."""
+    with transaction.atomic():
+        if not _fenced(op.pk, mine).update(updated_at=timezone.now()):
+            return 0
+        n = RequeueItem.objects.filter(operation=op, state=ItemState.SENT).update(
+            state=ItemState.UNKNOWN
+        )
+        RequeueOperation.objects.filter(pk=op.pk).update(unknown=F("unknown") + n)
+    return n
+
+
+def _step(op: RequeueOperation, mine: str, now: datetime) -> None:
+    failed = op.failed_again - op.failed_baseline  # a resume goes on past older failures
+    in_canary = op.canary > 0 and op.canary_from < op.sent <= op.canary_from + op.canary
+    if failed > 0 and (op.stop_on_failure or in_canary):
+        what = "The canary failed" if in_canary else "Stopped at the first new failure"
+        reason = f"{what}: {_first_failure(op)}. The rest stays parked."
+        _finish(op, mine, OperationState.STOPPED, reason)
+        return
+    waiting = waiting_count(op)
+    if waiting and (in_canary or (op.ramp and 0 < op.step <= len(RAMP))):
+        # The canary, and each batch of the ramp, wait until their copies are answered.
+        stage = "Canary" if in_canary else "Ramp"
+        if _overdue(op, now):
+            n = _give_up_waiting(op, mine)
+            timeout = float(app_settings.OPERATION_OUTCOME_TIMEOUT)
+            reason = (
+                f"{stage}: no outcome reported for {n} sent message(s) in {timeout:g} s "
+                f"(is a consumer of their queue running?). Resume to go on."
+            )
+            _finish(op, mine, OperationState.STOPPED, reason)
+        else:
+            _wait(op, mine, now, f"{stage}: waiting for {waiting} sent message(s) to be handled.")
+        return
+    canary_left = op.canary_from + op.canary - op.sent if op.canary else 0
+    size = canary_left if canary_left > 0 else _batch_size(op, now)
+    done = _send(op, mine, min(size, MAX_STEP))
+    if done is None:
+        return  # paused, cancelled or taken over meanwhile: nothing more is written
+    sent, problem = done
+    op.refresh_from_db()
+    if not RequeueItem.objects.filter(operation=op, state=ItemState.PENDING).exists():
+        _end(op, mine, now)
+        return
+    if op.rate and sent:
+        # The rate's clock: each step's messages take sent / rate seconds, counted from
+        # when the last step was due (no drift), never from long ago (no catch-up burst).
+        start = max(op.next_at, now - timedelta(seconds=CATCH_UP_SECONDS))
+        next_at = start + timedelta(seconds=sent / op.rate)
+    elif sent:
+        next_at = now
+    else:  # nothing could be sent now (rows held by another requeue, broker away)
+        next_at = now + timedelta(seconds=WAIT_SECONDS)
+    ramped = op.ramp and sent > 0 and op.sent > op.canary_from + op.canary
+    _fenced(op.pk, mine).update(
+        next_at=next_at,
+        step=F("step") + (1 if ramped else 0),
+        state_reason=problem or ("Sending." if sent or not op.state_reason else op.state_reason),
+        updated_at=now,
+    )
+
+
+def _end(op: RequeueOperation, mine: str, now: datetime) -> None:
+    """Everything is sent (or refused, skipped): wait for the outcomes, then finish."""
+    waiting = waiting_count(op)
+    if waiting and not _overdue(op, now):
+        _wait(op, mine, now, f"All sent; waiting for {waiting} to be handled.")
+        return
+    if waiting:
+        _give_up_waiting(op, mine)
+        op.refresh_from_db()
+    if op.failed_again - op.failed_baseline > 0 and op.stop_on_failure:
+        reason = f"Stopped at the first new failure: {_first_failure(op)}."
+        _finish(op, mine, OperationState.STOPPED, reason)
+        return
+    unknown = f", {op.unknown} without a reported outcome" if op.unknown else ""
+    reason = f"Done: {op.handled} handled, {op.failed_again} failed again{unknown}."
+    _finish(op, mine, OperationState.DONE, reason)
+
+
+def _send(op: RequeueOperation, mine: str, size: int) -> tuple[int, str] | None:
+    """Publish the next ``size`` pending rows: (copies sent, the broker's problem if any),
+    or ``None`` if the step may no longer send (paused, cancelled, lease lost)."""
+    items = RequeueItem.objects.filter(operation=op)
+    ids = list(
+        items.filter(state=ItemState.PENDING)
+        .order_by("parked_id")
+        .values_list("parked_id", flat=True)[:size]
+    )
+    if not ids:
+        return 0, ""
+    # The fence: the batch is ours to publish only while the lease and the state hold.
+    with transaction.atomic():
+        if not _fenced(op.pk, mine).update(lease_until=timezone.now() + lease.until()):
+            return None
+        items.filter(parked_id__in=ids, state=ItemState.PENDING).update(state=ItemState.SENDING)
+    problem = ""
+    try:
+        result = requeue(
+            ParkedMessage.objects.filter(pk__in=ids),
+            user=operation_tag(op.created_by, op.pk),
+            mode=op.mode,
+            headers={header_name(): str(op.pk)},
+        )
+    except PublishError as exc:
+        logger.warning("requeue operation #%s: broker unavailable (%s)", op.pk, exc)
+        problem = f"Broker unavailable, will retry: {exc}"
+        # What the step did before the broker went away (confirmed rows are marked).
+        result = exc.partial if isinstance(exc, RequeueInterrupted) else RequeueResult()
+    sent = _settle(op, mine, ids, result)
+    return None if sent is None else (sent, problem)
+
+
+def _settle(op: RequeueOperation, mine: str, ids: list[int], result: RequeueResult) -> int | None:
+    """The batch's items say what became of each row, and the counters move with them
+    (fenced by the lease alone: a batch sent before a pause still counts). An item a report
+    moved meanwhile (handled, failed again) was counted sent by that report."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not RequeueOperation.objects.filter(pk=op.pk, lease_owner=mine).update(updated_at=now):
+            return None  # taken over: the new holder counted these items
+        items = RequeueItem.objects.filter(operation=op, parked_id__in=ids, state=ItemState.SENDING)
+        sent = items.filter(parked_id__in=result.requeued_ids).update(state=ItemState.SENT)
+        refused = items.filter(parked_id__in=result.refused_ids).update(state=ItemState.REFUSED)
+        # Rows no longer parked (requeued or discarded by someone else, purged) are skipped;
+        # rows another requeue holds, or the broker did not confirm, wait for the next step.
+        parked = ParkedMessage.objects.filter(pk=OuterRef("parked_id"), status=ParkedStatus.PARKED)
+        skipped = items.exclude(Exists(parked)).update(state=ItemState.SKIPPED)
+        items.update(state=ItemState.PENDING)
+        counters: dict[str, Any] = {
+            "sent": F("sent") + sent,
+            "refused": F("refused") + refused,
+            "skipped": F("skipped") + skipped,
+        }
+        if sent:
+            counters.update(
+                last_sent_at=now, started_sending_at=Coalesce("started_sending_at", now)
+            )
+        RequeueOperation.objects.filter(pk=op.pk).update(**counters)
+    # Copies out this step (some may be counted by their outcome already: the rate's clock).
+    return len(result.requeued_ids)
