@@ -31,6 +31,31 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
+VERBS = ("pause", "resume", "cancel")
+
+
+def said_state(page) -> list[str]:
+    """Every place the page names the operation's state: the heading, the breadcrumb, the
+    State field and the progress box."""
+    return page.locator(
+        "[data-live=state_label], #rmq-progress [data-key=state_label]"
+    ).all_inner_texts()
+
+
+def offered(page) -> list[str]:
+    return [verb for verb in VERBS if page.is_visible(f"#rmq-op-{verb}")]
+
+
+def until_said(page, label: str) -> None:
+    """Until the page (without a reload) names the state ``label`` everywhere."""
+    page.wait_for_function(
+        """label => [...document.querySelectorAll(
+               "[data-live=state_label], #rmq-progress [data-key=state_label]")]
+             .every(el => el.textContent === label)""",
+        arg=label,
+        timeout=60_000,
+    )
+
 
 def test_operator_starts_a_canary_ramped_rated_requeue_and_watches_it(
     rmq,
@@ -60,6 +85,8 @@ def test_operator_starts_a_canary_ramped_rated_requeue_and_watches_it(
     op = RequeueOperation.objects.get()
     assert (op.total, op.canary, op.ramp, op.rate, op.created_by) == (n, 3, True, 20.0, "ops")
     assert page.get_attribute("#rmq-progress", "data-state") == "running"
+    assert said_state(page) == ["Running"] * 4
+    assert offered(page) == ["pause", "cancel"]
 
     # A consumer process steps it; the page follows without a reload.
     child = start_consumer(rmq.prefix, rmq.log, "alpha")
@@ -75,6 +102,14 @@ def test_operator_starts_a_canary_ramped_rated_requeue_and_watches_it(
     assert page.inner_text("[data-key=handled]") == str(n)
     assert page.inner_text("[data-key=left]") == "0"
     assert page.evaluate("typeof window.__pwned") == "undefined"
+    # The whole page says so, without a reload, and offers nothing to do any more.
+    until_said(page, "Done")
+    assert said_state(page) == ["Done"] * 4
+    assert page.inner_text("#content h1") == f"Requeue operation #{op.pk}: Done"
+    assert page.inner_text(".breadcrumbs").endswith(f"Requeue operation #{op.pk} (Done)")
+    assert "Running" not in page.inner_text("#content")
+    assert page.title().startswith(f"Requeue operation #{op.pk}: Done |")
+    assert offered(page) == []
     page.screenshot(path=str(where / "operator-operation-done.png"), full_page=True)
     handled = Counter(e["id"] for e in read_log(rmq.log) if e["event"] == "done")
     assert handled == Counter(range(n))  # exactly once each
@@ -100,15 +135,17 @@ def test_pause_resume_cancel_from_the_page_and_a_viewer_is_refused(
     User.objects.create_superuser("ops", "ops@example.com", "correct horse")
     page = login(browser, live_server, "ops", "correct horse")
     page.goto(f"{live_server.url}/admin/django_rmq_retry/requeueoperation/{op.pk}/change/")
-    for button, state in (
-        ("#rmq-op-pause", OperationState.PAUSED),
-        ("#rmq-op-resume", OperationState.RUNNING),
-        ("#rmq-op-cancel", OperationState.CANCELLED),
+    for button, state, then in (
+        ("#rmq-op-pause", OperationState.PAUSED, ["resume", "cancel"]),
+        ("#rmq-op-resume", OperationState.RUNNING, ["pause", "cancel"]),
+        ("#rmq-op-cancel", OperationState.CANCELLED, []),
     ):
         page.click(button)
         page.locator(".messagelist li").first.wait_for()
         op.refresh_from_db()
         assert op.state == state
+        assert offered(page) == then
+    assert page.inner_text(".messagelist li") == f"Operation #{op.pk} cancelled."
     page.wait_for_selector("#rmq-progress[data-state=cancelled]")
 
     second = operations.create(ParkedMessage.objects.all(), user="ops")
@@ -132,3 +169,48 @@ def test_pause_resume_cancel_from_the_page_and_a_viewer_is_refused(
     second.refresh_from_db()
     assert second.state == OperationState.RUNNING
     assert RequeueOperation.objects.count() == 2
+
+
+def test_the_page_follows_what_another_operator_or_a_stop_did(
+    rmq,
+    live_server,
+    browser,  # noqa: F811
+    client,
+):
+    """Nothing steps the operation here: every change comes from elsewhere (another
+    operator, a stop), and the open page follows each one without a reload."""
+    park_rows(rmq, [{"id": i} for i in range(5)])
+    op = operations.create(ParkedMessage.objects.all(), user="ops", rate=1.0)
+    User.objects.create_superuser("ops", "ops@example.com", "correct horse")
+    page = login(browser, live_server, "ops", "correct horse")
+    page.goto(f"{live_server.url}/admin/django_rmq_retry/requeueoperation/{op.pk}/change/")
+    assert said_state(page) == ["Running"] * 4
+    assert offered(page) == ["pause", "cancel"]
+
+    assert operations.pause(op.pk, "ops2")
+    until_said(page, "Paused")
+    assert offered(page) == ["resume", "cancel"]
+    assert page.inner_text("[data-live=state_changed_by]") == "ops2"
+    assert page.inner_text("[data-live=reason]") == "Paused by ops2."
+
+    # A stop (what a failed canary does), then a resume by someone else.
+    RequeueOperation.objects.filter(pk=op.pk).update(
+        state=OperationState.STOPPED, state_reason="The canary failed: message #1 failed again."
+    )
+    until_said(page, "Stopped at a new failure")
+    assert offered(page) == ["resume", "cancel"]
+    assert operations.resume(op.pk, "ops2")
+    until_said(page, "Running")
+    assert offered(page) == ["pause", "cancel"]
+
+    # What the page no longer offers is refused, and said so, if posted anyway.
+    assert operations.pause(op.pk, "ops2") and operations.cancel(op.pk, "ops2")
+    until_said(page, "Cancelled")
+    assert offered(page) == []
+    client.force_login(User.objects.get(username="ops"))
+    url = reverse("admin:django_rmq_retry_requeueoperation_resume", args=[op.pk])
+    response = client.post(url, follow=True)
+    (said,) = [str(m) for m in response.context["messages"]]
+    assert said == f"Operation #{op.pk} was not resumed: it is cancelled (by ops2)."
+    op.refresh_from_db()
+    assert op.state == OperationState.CANCELLED

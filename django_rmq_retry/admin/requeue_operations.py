@@ -4,6 +4,9 @@ its pause, resume and cancel buttons.
 The admin never runs an operation: it creates one (the parked messages' background action)
 and watches the row the consumers' housekeeping thread (or ``rmq_operations``) advances. The
 page polls a small JSON view, so a reload, or a second operator, sees the same progress.
+Everything on the page that the operation's state changes (heading, breadcrumb, state,
+reason, counters, who changed it, the buttons offered) follows that poll: the page never
+says "Running" beside a "Done" box, nor offers Pause on a paused or finished operation.
 """
 
 from __future__ import annotations
@@ -17,12 +20,42 @@ from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.decorators import method_decorator
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from ..models import RequeueOperation
+from ..models import OperationState, RequeueOperation
 from ..parking import operations
 from .common import _when
+
+#: The buttons the page offers in each state (a forged post of another is refused anyway).
+OFFERED: dict[Any, tuple[str, ...]] = {  # keyed by OperationState (its stubs: tuples)
+    OperationState.RUNNING: ("pause", "cancel"),
+    OperationState.PAUSED: ("resume", "cancel"),
+    OperationState.STOPPED: ("resume", "cancel"),
+}
+#: Each verb's button, and what the operator is told once it took effect.
+VERBS = {
+    "pause": (_("Pause"), _("paused")),
+    "resume": (_("Resume"), _("resumed")),
+    "cancel": (_("Cancel"), _("cancelled")),
+}
+
+
+def live_progress(op: RequeueOperation) -> dict[str, Any]:
+    """The operation as the page shows it and its poll refreshes: the counters, and what an
+    operator may do now."""
+    return {
+        **operations.progress(op).as_dict(),
+        "actions": list(OFFERED.get(op.state, ())),
+        "state_changed_by": op.state_changed_by or "",
+    }
+
+
+def _live(key: str, value: Any) -> SafeString:
+    """A read-only field's value in a span the page's poll rewrites."""
+    return format_html('<span data-live="{}">{}</span>', key, value)
 
 
 class OperationForm(forms.Form):
@@ -69,14 +102,20 @@ class RequeueOperationAdmin(admin.ModelAdmin):
     ordering = ("-created_at", "-id")
     change_form_template = "django_rmq_retry/admin/requeueoperation_change_form.html"
     fields = (
-        ("state", "state_reason"),
+        # What a step or an operator changes is "live_": rewritten by the page's poll.
+        ("live_state", "live_reason"),
         ("created_by", "created_when"),
         "description",
         ("canary", "ramp", "rate", "stop_on_failure"),
-        ("refused", "skipped"),  # the other counters are the live table above
-        "state_changed_by",
+        ("live_refused", "live_skipped"),  # the other counters are the live table above
+        "live_changed_by",
     )
     readonly_fields = (
+        "live_state",
+        "live_reason",
+        "live_refused",
+        "live_skipped",
+        "live_changed_by",
         "state",
         "state_reason",
         "created_by",
@@ -124,6 +163,26 @@ class RequeueOperationAdmin(admin.ModelAdmin):
     def left(self, obj: RequeueOperation) -> int:
         return operations.progress(obj).left
 
+    @admin.display(description=_("state"))
+    def live_state(self, obj: RequeueOperation) -> SafeString:
+        return _live("state_label", obj.get_state_display())
+
+    @admin.display(description=_("why"))
+    def live_reason(self, obj: RequeueOperation) -> SafeString:
+        return _live("reason", obj.state_reason)
+
+    @admin.display(description=_("refused"))
+    def live_refused(self, obj: RequeueOperation) -> SafeString:
+        return _live("refused", obj.refused)
+
+    @admin.display(description=_("skipped"))
+    def live_skipped(self, obj: RequeueOperation) -> SafeString:
+        return _live("skipped", obj.skipped)
+
+    @admin.display(description=_("state changed by"))
+    def live_changed_by(self, obj: RequeueOperation) -> SafeString:
+        return _live("state_changed_by", obj.state_changed_by)
+
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
         extra = [
@@ -153,26 +212,36 @@ class RequeueOperationAdmin(admin.ModelAdmin):
     ) -> Any:
         op = self.get_object(request, object_id)
         info = self.admin_site.name, self.opts.app_label, self.opts.model_name
-        extra_context = {
-            **(extra_context or {}),
-            "can_control": self.has_control_permission(request),
-            "progress": operations.progress(op).as_dict() if op else None,
-            "progress_url": reverse("{}:{}_{}_progress".format(*info), args=[object_id])
-            if op
-            else "",
-        }
+        extra_context = {**(extra_context or {}), "can_control": False, "progress": None}
+        if op is not None:
+            extra_context.update(
+                {
+                    "can_control": self.has_control_permission(request),
+                    "progress": live_progress(op),
+                    "progress_url": reverse("{}:{}_{}_progress".format(*info), args=[object_id]),
+                    "op_title": _("Requeue operation #%(id)d") % {"id": op.pk},
+                    "verbs": [
+                        {
+                            "name": verb,
+                            "label": label,
+                            "url": reverse("{}:{}_{}_{}".format(*info, verb), args=[op.pk]),
+                        }
+                        for verb, (label, _done) in VERBS.items()
+                    ],
+                }
+            )
         return super().change_view(request, object_id, form_url, extra_context)
 
     def progress_view(self, request: HttpRequest, object_id: int) -> JsonResponse:
-        """The operation's counters, for the page's poll (one primary-key read)."""
+        """The operation as the page shows it, for the page's poll (one primary-key read)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         op = get_object_or_404(RequeueOperation, pk=object_id)
-        return JsonResponse(operations.progress(op).as_dict())
+        return JsonResponse(live_progress(op))
 
     @method_decorator(require_POST)
     def control_view(self, request: HttpRequest, object_id: int, verb: str) -> HttpResponseRedirect:
-        """Pause, resume or cancel; the consumers see it at their next step."""
+        """Pause, resume or cancel; the operator is told what really happened."""
         if not self.has_control_permission(request):
             raise PermissionDenied
         get_object_or_404(RequeueOperation, pk=object_id)
@@ -182,15 +251,23 @@ class RequeueOperationAdmin(admin.ModelAdmin):
             "resume": operations.resume,
             "cancel": operations.cancel,
         }[verb](object_id, user)
+        op = RequeueOperation.objects.get(pk=object_id)
         if done:
             self.message_user(
-                request, _("Operation #%(id)d: %(verb)s.") % {"id": object_id, "verb": verb}
+                request,
+                _("Operation #%(id)d %(done)s.") % {"id": object_id, "done": VERBS[verb][1]},
             )
         else:
+            by = _(" (by %(who)s)") % {"who": op.state_changed_by} if op.state_changed_by else ""
             self.message_user(
                 request,
-                _("Operation #%(id)d cannot %(verb)s in its state.")
-                % {"id": object_id, "verb": verb},
+                _("Operation #%(id)d was not %(done)s: it is %(state)s%(by)s.")
+                % {
+                    "id": object_id,
+                    "done": VERBS[verb][1],
+                    "state": op.get_state_display().lower(),
+                    "by": by,
+                },
                 messages.WARNING,
             )
         info = self.admin_site.name, self.opts.app_label, self.opts.model_name
