@@ -17,7 +17,7 @@ import pika.frame
 import pika.spec
 import pytest
 
-from django_rmq_retry.broker import confirms
+from django_rmq_retry.broker import confirms, links
 from django_rmq_retry.broker.confirms import Outgoing
 from django_rmq_retry.broker.window import ConfirmWindow
 from django_rmq_retry.broker.wire import Encoded
@@ -423,3 +423,47 @@ def test_the_real_broker_s_406_is_isolated_on_a_link(broker_ok, monkeypatch, kin
     assert all(stored.count(name) <= 2 for name in names)
     window.close()
     loop.close(link)
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("kind", ["select", "asyncio"])
+def test_the_real_broker_s_501_is_isolated_on_a_new_link(broker_ok, monkeypatch, kind):
+    """Properties larger than a frame (the early check off) make RabbitMQ close the whole
+    connection (501 FRAME_ERROR): the window goes on over links its owner opens again, the
+    culprit is refused and the others are stored."""
+    monkeypatch.setattr(confirms, "early_refusal", lambda *a, **k: "")
+    queue = f"test-window-{uuid.uuid4().hex[:8]}"
+    _declare(queue)
+    loop = Loop(kind)
+    first = loop.link(name="test-window-501")
+    opened = [first]
+
+    def relink(on_done: Callable[[Any], None]) -> None:
+        def done(link: Any) -> None:
+            if isinstance(link, links.Link):
+                opened.append(link)
+            on_done(link)
+
+        connect = links.asyncio_link if kind == "asyncio" else links.select_link
+        connect(loop.native, done, name="test-window-501")
+
+    answers: dict[str, str] = {}
+    outages: list[str] = []
+    window = ConfirmWindow(first, relink=relink, on_outage=lambda why, _items: outages.append(why))
+    names = [f"m{i}" for i in range(6)]
+    for name in names:
+        props: dict[str, Any] = {"message_id": name, "delivery_mode": 2}
+        if name == "m2":
+            props["headers"] = {"big": "x" * 140_000}  # over the 131072-byte frame_max
+        item = Outgoing("", queue, b"{}", props)
+        window.submit(item, lambda it: answers.__setitem__(it.message_id, it.state))
+    loop.run_until("every answer", lambda: len(answers) == len(names) or outages)
+    assert not outages and window.state == "normal"
+    assert answers == {name: "refused" if name == "m2" else "ack" for name in names}
+    assert not first.is_open and first.closed_why.startswith("501")
+    assert window.link is opened[-1] and window.link.is_open
+    stored = _drain(queue)
+    assert set(stored) == set(names) - {"m2"}
+    assert all(stored.count(name) <= 2 for name in names)
+    window.close()
+    loop.close(*[link for link in opened if link.is_open])

@@ -259,9 +259,10 @@ class ConfirmWindow:
             self._by_message.clear()
             self.state = "isolating"
             logger.warning(
-                "RabbitMQ closed the %s channel over one message (%s); publishing the %d "
+                "RabbitMQ closed the %s %s over one message (%s); publishing the %d "
                 "message(s) it left without an answer one at a time to find it",
                 self.label,
+                "channel" if self.link.is_open else "connection",
                 why,
                 len(self._suspects),
             )
