@@ -175,13 +175,13 @@ def test_resume_after_a_canary_stop_sends_the_rest_once_each(rmq):
     assert "The canary failed" in op.state_reason
     assert operations.resume(op.pk, "ops")
     op, _ = run_until_settled(rmq, op, timeout=120)
-    assert (op.state, op.sent, op.handled, op.failed_again, op.unknown) == (
+    assert (op.state, op.sent, op.handled, op.failed_again) == (
         OperationState.DONE,
         30,
         29,
         1,
-        0,
     ), op.state_reason
+    assert op.unknown == 0
     assert handled_ids(rmq) == Counter(i for i in range(30) if i != 1)  # once each
     parked = ParkedMessage.objects.filter(status=ParkedStatus.PARKED)
     assert list(parked.values_list("pk", flat=True)) == [rows[1].pk]
