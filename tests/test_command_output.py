@@ -172,6 +172,62 @@ def test_the_failure_groups_page_gives_each_groups_command_and_it_selects_the_gr
         assert out.getvalue() == f"{group['count']} parked message(s) would be requeued.\n"
 
 
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_ctrl_c_pauses_the_operation_and_says_what_happened(rmq):
+    """Ctrl-C of an attached ``rmq_requeue`` while a consumer steps the same operation: it
+    stays paused (nothing steps it on), the command says so with the counts, and a resume
+    finishes it with every message once."""
+    from collections import Counter
+
+    from django_rmq_retry.models import OperationState, RequeueOperation
+    from django_rmq_retry.parking import operations
+    from tests import waiting
+    from tests.conftest import ROOT, Child, read_log, start_consumer, subprocess_env
+    from tests.test_operations import park_rows
+
+    n = 200
+    park_rows(rmq, [{"id": i} for i in range(n)])
+    consumer = start_consumer(rmq.prefix, rmq.log, "alpha")
+    cli = Child(
+        [sys.executable, str(ROOT / "manage.py"), "rmq_requeue", "--rate", "20", "--no-progress"],
+        subprocess_env(rmq.prefix, rmq.log),
+        rmq.log.with_name("cli.out"),
+    )
+    try:
+        waiting.until(
+            "the operation sent something",
+            lambda: RequeueOperation.objects.filter(sent__gt=0).exists(),
+            child=cli,
+        )
+        cli.send_signal(signal.SIGINT)
+        out, _ = cli.communicate(timeout=120)
+        op = RequeueOperation.objects.get()
+        assert cli.returncode == 1, out
+        assert f"CommandError: Operation #{op.pk} paused (" in out, out
+        assert f"`manage.py rmq_operations --resume {op.pk}`" in out
+        waiting.until(
+            "no step in flight",
+            lambda: RequeueOperation.objects.filter(pk=op.pk, lease_until__isnull=True).exists(),
+        )
+        op.refresh_from_db()
+        assert (op.state, op.state_changed_by) == (OperationState.PAUSED, "cli")
+        assert op.sent < n
+        assert operations.advance(op.pk) is None  # paused: nobody steps it
+        assert operations.resume(op.pk, "ops")
+        waiting.until(
+            "the operation done",
+            lambda: RequeueOperation.objects.get(pk=op.pk).state == OperationState.DONE,
+            child=consumer,
+        )
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        consumer.communicate(timeout=60)
+    handled = Counter(e["id"] for e in read_log(rmq.log) if e["event"] == "done")
+    assert handled == Counter(range(n))  # each once, across the pause
+
+
 # rmq_consume says what it does --------------------------------------------------------------
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)

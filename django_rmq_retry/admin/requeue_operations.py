@@ -29,13 +29,9 @@ from ..models import OperationState, RequeueOperation
 from ..parking import operations
 from .common import _when
 
-#: The buttons the page offers in each state (a forged post of another is refused anyway).
-OFFERED: dict[Any, tuple[str, ...]] = {  # keyed by OperationState (its stubs: tuples)
-    OperationState.RUNNING: ("pause", "cancel"),
-    OperationState.PAUSED: ("resume", "cancel"),
-    OperationState.STOPPED: ("resume", "cancel"),
-}
-#: Each verb's button, and what the operator is told once it took effect.
+#: Each verb's button, and what the operator is told once it took effect. The page shows
+#: the ones ``operations.progress(op).actions`` allows (a forged post of another is refused
+#: by the operation's state anyway).
 VERBS = {
     "pause": (_("Pause"), _("paused")),
     "resume": (_("Resume"), _("resumed")),
@@ -44,13 +40,9 @@ VERBS = {
 
 
 def live_progress(op: RequeueOperation) -> dict[str, Any]:
-    """The operation as the page shows it and its poll refreshes: the counters, and what an
-    operator may do now."""
-    return {
-        **operations.progress(op).as_dict(),
-        "actions": list(OFFERED.get(op.state, ())),
-        "state_changed_by": op.state_changed_by or "",
-    }
+    """The operation as the page shows it and its poll refreshes: the counters, what an
+    operator may do now (``actions``), and who changed its state."""
+    return {**operations.progress(op).as_dict(), "state_changed_by": op.state_changed_by or ""}
 
 
 def _live(key: str, value: Any) -> SafeString:
@@ -246,28 +238,30 @@ class RequeueOperationAdmin(admin.ModelAdmin):
             raise PermissionDenied
         get_object_or_404(RequeueOperation, pk=object_id)
         user = request.user.get_username()
-        done = {
+        control = {
             "pause": operations.pause,
             "resume": operations.resume,
             "cancel": operations.cancel,
         }[verb](object_id, user)
-        op = RequeueOperation.objects.get(pk=object_id)
-        if done:
+        said = {"id": object_id, "done": VERBS[verb][1]}
+        if control.ok and control.stepping and verb != "resume":
             self.message_user(
                 request,
-                _("Operation #%(id)d %(done)s.") % {"id": object_id, "done": VERBS[verb][1]},
+                _(
+                    "Operation #%(id)d %(done)s. The step in progress stops after its current "
+                    "batch; its copies are counted as sent."
+                )
+                % said,
             )
+        elif control.ok:
+            self.message_user(request, _("Operation #%(id)d %(done)s.") % said)
         else:
-            by = _(" (by %(who)s)") % {"who": op.state_changed_by} if op.state_changed_by else ""
+            by = _(" (by %(who)s)") % {"who": control.changed_by} if control.changed_by else ""
+            state = OperationState(control.state).label.lower() if control.state else "?"
             self.message_user(
                 request,
                 _("Operation #%(id)d was not %(done)s: it is %(state)s%(by)s.")
-                % {
-                    "id": object_id,
-                    "done": VERBS[verb][1],
-                    "state": op.get_state_display().lower(),
-                    "by": by,
-                },
+                % {**said, "state": state, "by": by},
                 messages.WARNING,
             )
         info = self.admin_site.name, self.opts.app_label, self.opts.model_name

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rmq_retry import parking
+from django_rmq_retry.conf import app_settings
 from django_rmq_retry.consumer.operations_runner import OperationsRunner
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.management.arguments import add_filter_arguments, filtered_queryset
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.preflight import require_tables
 from django_rmq_retry.management.progress import Progress
-from django_rmq_retry.models import OperationState
+from django_rmq_retry.models import OperationState, RequeueOperation
 from django_rmq_retry.parking import operations
+
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -170,13 +174,9 @@ class Command(BaseCommand):
                     f"handled {p.handled:,} failed again {p.failed_again:,} left {p.left:,}",
                 )
         except KeyboardInterrupt:
-            stop.set()
-            operations.pause(op.pk, "cli")
             bar.close()
-            raise CommandError(
-                f"Operation #{op.pk} paused; resume it in the admin or with "
-                f"`manage.py rmq_operations --resume {op.pk}`."
-            ) from None
+            self._interrupted(op, runner, stop)
+            return
         op.refresh_from_db()
         p = operations.progress(op)
         bar.close(p.sent, f"handled {p.handled:,} failed again {p.failed_again:,}")
@@ -189,3 +189,48 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(line))
         else:
             raise CommandError(line)
+
+    def _interrupted(
+        self, op: RequeueOperation, runner: OperationsRunner, stop: threading.Event
+    ) -> None:
+        """Ctrl-C: pause the operation, let a step in flight end its batch here (its marks
+        commit and its claims are released; its copies count as sent), then say from the
+        database what happened. A second Ctrl-C exits at once: a step cut short leaves its
+        copies in flight to the lease's expiry (a taker counts them, never sends them again).
+        """
+        control = operations.pause(op.pk, "cli")
+        stop.set()
+        wait = float(app_settings.SHUTDOWN_TIMEOUT)
+        if runner.alive():
+            self.stderr.write(
+                f"Pausing operation #{op.pk}: a step in flight stops after its current batch "
+                f"(waiting at most {wait:g} s, SHUTDOWN_TIMEOUT). Press Ctrl-C again to exit now."
+            )
+            try:
+                runner.join(wait)
+            except KeyboardInterrupt:
+                logger.warning("operation #%s: second Ctrl-C, exiting during a step", op.pk)
+        op.refresh_from_db()
+        p = operations.progress(op)
+        counted = (
+            f"{p.sent} sent, {p.handled} handled, {p.failed_again} failed again, {p.left} left"
+        )
+        if runner.alive():
+            counted += (
+                "; this process's step was cut short: a consumer counts its batch once the "
+                "lease expires (never sent twice)"
+            )
+        if control.ok:
+            raise CommandError(
+                f"Operation #{op.pk} paused ({counted}). Resume it in the admin or with "
+                f"`manage.py rmq_operations --resume {op.pk}`."
+            )
+        by = f" (by {control.changed_by})" if control.changed_by else ""
+        line = (
+            f"Operation #{op.pk} was not paused: it is {op.get_state_display().lower()}{by}. "
+            f"{op.state_reason} ({counted})"
+        )
+        if op.state == OperationState.DONE:
+            self.stdout.write(self.style.SUCCESS(line))
+            return
+        raise CommandError(line)
