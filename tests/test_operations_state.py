@@ -4,6 +4,7 @@ is counted, a step longer than its lease keeps it, and no step recounts the item
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from django_rmq_retry.models import (
 )
 from django_rmq_retry.parking import operations, requeuing
 from tests import waiting
+from tests.conftest import start_consumer
 from tests.test_operations import handled_ids, park_rows, run_until_settled
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -185,3 +187,27 @@ def test_resume_after_a_canary_stop_sends_the_rest_once_each(rmq):
     assert handled_ids(rmq) == Counter(i for i in range(30) if i != 1)  # once each
     parked = ParkedMessage.objects.filter(status=ParkedStatus.PARKED)
     assert list(parked.values_list("pk", flat=True)) == [rows[1].pk]
+
+
+def test_two_operations_over_the_same_rows_send_each_row_once(rmq):
+    """Two operators start an operation over the same group; two consumers step both."""
+    n = 300
+    park_rows(rmq, [{"id": i} for i in range(n)])
+    ops = [operations.create(ParkedMessage.objects.all(), user=who) for who in ("ann", "bob")]
+    children = [start_consumer(rmq.prefix, rmq.log, "alpha") for _ in range(2)]
+    try:
+        waiting.until(
+            "both operations finished",
+            lambda: not RequeueOperation.objects.filter(state=OperationState.RUNNING).exists(),
+            timeout=240,
+        )
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            child.communicate(timeout=60)
+    first, second = (RequeueOperation.objects.get(pk=op.pk) for op in ops)
+    assert (first.state, second.state) == (OperationState.DONE, OperationState.DONE)
+    assert (first.sent + second.sent, first.skipped + second.skipped) == (n, n)
+    assert (first.handled + second.handled, first.unknown + second.unknown) == (n, 0)
+    assert handled_ids(rmq) == Counter(range(n))  # each row once, whichever sent it
