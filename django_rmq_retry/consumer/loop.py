@@ -40,6 +40,7 @@ from ..core.errors import (
 from ..core.logfields import attempt_of, fields
 from ..registry import Receiver
 from . import aio
+from .acks import AckBook
 from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
@@ -113,7 +114,8 @@ class Consumer:
         self._copies_due = 0.0  # when the copies' connection is pumped next without a copy
         self._queue_by_tag: dict[str, str] = {}
         self._cancelled: list[str] = []  # consumer tags the broker cancelled
-        self._unsettled: set[int] = set()
+        #: The consume channel's deliveries not acked yet (``acks``): a new one per channel.
+        self._acks = AckBook()
         self._done: SimpleQueue[Job] = SimpleQueue()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
@@ -231,7 +233,7 @@ class Consumer:
     # Connection lifecycle -------------------------------------------------------------------
     def _connect_and_declare(self) -> None:
         self._generation += 1
-        self._unsettled = set()  # delivery tags start over on a new channel
+        self._acks = AckBook()  # delivery tags start over on a new channel
         self._spares.reset()
         with self._parking_lock:
             self._parking.clear()  # the old connection's rows are no longer counted
@@ -365,6 +367,7 @@ class Consumer:
             # Safety net: a wake-up handed to a connection that died before running it
             # must never leave finished deliveries unsettled (and the prefetch window full).
             self._drain()
+        self._flush_acks()  # retry copies confirmed in this pump settle their originals
         if self._copies is not None and self._copies.broken is not None:
             why = self._copies.refusal
             if why is None:
@@ -472,7 +475,9 @@ class Consumer:
             properties: dict[str, Any],
             body: bytes,
         ) -> None:
-            self._unsettled.add(tag)  # never covered by a multiple ack until settled
+            if generation != self._generation:
+                return  # a closed channel's: the broker has it back already
+            self._acks.delivered(tag)  # never covered by a multiple ack until settled
             self._last_activity = time.monotonic()
             if self._stop.is_set():
                 return  # not acked: goes back to the queue when we close
@@ -527,13 +532,12 @@ class Consumer:
     def _drain(self) -> None:
         """Connection thread: settle every finished delivery.
 
-        Plain acks below the oldest unsettled delivery tag go out as one ``multiple=True``
-        ack; a tag still running, waiting for its retry copy's confirm, or skipped at
-        shutdown is never covered by it.
+        The ack book (``acks``) turns what settled into the fewest frames: a tag still
+        running, waiting for its retry copy's confirm or its parked row's commit, or skipped
+        at shutdown is never covered by a multiple ack.
         """
         with self._wake_lock:
             self._wake_pending = False
-        acks: list[int] = []
         settled_keys: list[str | None] = []
         while True:
             try:
@@ -555,8 +559,7 @@ class Consumer:
                 action = Release(cause="an internal error of the consumer")
             if isinstance(action, Ack):
                 self._inflight.pop(delivery.tag, None)
-                self._unsettled.discard(delivery.tag)
-                acks.append(delivery.tag)
+                self._acks.ack(delivery.tag)
                 settled_keys.append(action.start_key)
                 if action.kind == "parked":
                     self.stats.parked += 1
@@ -568,9 +571,8 @@ class Consumer:
                     )
             elif isinstance(action, Release):
                 self._inflight.pop(delivery.tag, None)
-                self._unsettled.discard(delivery.tag)
+                self._acks.nack(delivery.tag, requeue=True)
                 self._limits.note(delivery, action.cause)
-                self._channel.nack(delivery.tag, requeue=True)
                 self.stats.released += 1
                 if self._hooks is not None:
                     _settled(self._hooks, delivery, "released")
@@ -578,8 +580,7 @@ class Consumer:
                 self._submit_park(delivery, action)
             else:
                 self._publish_retry(delivery, action)
-        if acks:
-            self._ack(acks)
+        self._flush_acks()
         if any(settled_keys):
             self._notifier.submit(functools.partial(self._limits.forget, settled_keys))
 
@@ -604,14 +605,17 @@ class Consumer:
         job.finish(Ack("parked") if stored else Release(cause="its row could not be parked"), None)
         self._hand_back(job)
 
-    def _ack(self, tags: list[int]) -> None:
-        oldest = min(self._unsettled) if self._unsettled else None
-        below = [t for t in tags if oldest is None or t < oldest]
-        if below:
-            self._channel.ack(max(below), multiple=True)
-        for tag in tags:
-            if oldest is not None and tag > oldest:
-                self._channel.ack(tag)
+    def _flush_acks(self) -> None:
+        """Connection thread: send what settled since the last flush, nacks first
+        (``acks``). A channel the broker closed is left alone: the pump says why, and the
+        broker has its deliveries back."""
+        if not self._acks.pending or not self._channel.is_open:
+            return
+        for frame in self._acks.flush():
+            if frame.nack:
+                self._channel.nack(frame.tag, requeue=frame.requeue)
+            else:
+                self._channel.ack(frame.tag, multiple=frame.multiple)
 
     def _publish_retry(self, delivery: Delivery, action: PublishRetry) -> None:
         """Publish the retry copy; ack the original only once the broker confirmed the copy.
@@ -621,11 +625,10 @@ class Consumer:
         generation = self._generation
 
         def settled(ok: bool, why: str) -> None:
-            self._copies_waiting.pop(delivery.tag, None)
-            self._inflight.pop(delivery.tag, None)
-            self._unsettled.discard(delivery.tag)
             if generation != self._generation:
                 return  # the connection was replaced: the original is redelivered
+            self._copies_waiting.pop(delivery.tag, None)
+            self._inflight.pop(delivery.tag, None)
             if not ok:
                 logger.error(
                     "retry copy of %s was not accepted by the broker (%s); the original "
@@ -635,11 +638,11 @@ class Consumer:
                     extra=self._fields(delivery),
                 )
                 self._limits.note(delivery, copy_refused(why))
-                self._channel.nack(delivery.tag, requeue=True)
+                self._acks.nack(delivery.tag, requeue=True)  # sent later in this pump
                 if self._hooks is not None:
                     _settled(self._hooks, delivery, "retry_refused")
                 return
-            self._channel.ack(delivery.tag)
+            self._acks.ack(delivery.tag)  # sent later in this pump
             self.stats.retried += 1
             if self._hooks is not None:
                 _settled(self._hooks, delivery, "retried")
