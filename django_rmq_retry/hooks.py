@@ -2,7 +2,8 @@
 
 The consumer calls these at a receiver attempt's start and end, when a delivery is settled
 (acked, retried, parked, released), on each turn of its I/O loop and at a reconnect; the
-parking thread after each committed batch; ``Topic.send`` around a publish. Metrics, traces
+watchdog of ``async def`` receivers while one blocks their event loop; the parking thread
+after each committed batch; ``Topic.send`` around a publish. Metrics, traces
 and health probes (``django_rmq_retry.observability``) implement them, and are imported only
 when a project turns them on (``rmq_consume --metrics-port``, the ``TRACING`` setting...).
 Until then :data:`current` is ``None`` and each call site costs one ``is not None`` test:
@@ -65,6 +66,12 @@ class Hooks:
     def loop_tick(self, ready: bool) -> None:
         """The consumer's I/O loop turned (several times a second while it runs). ``ready``:
         it consumes every queue it was asked to."""
+
+    def loop_blocked(self, receiver: str | None, seconds: float) -> None:
+        """The event loop of ``async def`` receivers has not turned for ``seconds``: the
+        receiver named ``receiver`` blocks it (``"?"``: no receiver on the loop's stack).
+        Called several times a second while it lasts, then once with ``receiver=None`` and
+        ``seconds=0`` when the loop turns again (``consumer.watchdog``)."""
 
     def reconnecting(self) -> None:
         """The consumer lost (or could not open) its connection and connects again."""

@@ -47,6 +47,7 @@ from ..db.threads import start_daemon
 from .actions import Action, Delivery, Release
 from .handler import Attempt, Handler, is_async
 from .pool import CANCELLED, PENDING, RUNNING, DaemonPool, Job
+from .watchdog import LoopWatchdog, receiver_codes
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ class AsyncPool:
         *,
         is_current: Callable[[Delivery], bool] = lambda d: True,
         hold: Callable[[Delivery], float] | None = None,
+        receivers: Iterable[Any] = (),
     ) -> None:
         self.concurrency = max(1, int(concurrency))
         self._handler = handler
@@ -223,6 +225,8 @@ class AsyncPool:
         self._closing = False
         self._loop = asyncio.new_event_loop()
         self._hygiene = ConnectionHygiene(self._loop)
+        # Names a receiver that blocks the loop (``time.sleep`` in ``async def``).
+        self._watchdog = LoopWatchdog(self._loop, receiver_codes(receivers), name)
         self._waited: asyncio.Task[None] | None = None  # the check whose end stops the loop
         self._ready = threading.Event()
         self._thread = start_daemon(self._run_loop, f"{name}-loop")
@@ -232,10 +236,12 @@ class AsyncPool:
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._slots = asyncio.Semaphore(self.concurrency)
+        self._watchdog.start()
         self._ready.set()
         try:
             self._loop.run_forever()
         finally:
+            self._watchdog.stop()
             self._loop.close()
             self._db.shutdown(wait=False)  # after the last attempt's ``conclude``
 
@@ -460,7 +466,8 @@ def with_event_loop(
 ) -> DaemonPool | Pools:
     """``threads`` alone when no receiver is ``async def`` (no event loop is started);
     else both, each delivery to the right one."""
-    if not any(is_async(rec) for rec in receivers):
+    coroutines = [rec for rec in receivers if is_async(rec)]
+    if not coroutines:
         return threads
     aio = AsyncPool(
         concurrency,
@@ -469,5 +476,6 @@ def with_event_loop(
         done,
         is_current=is_current,
         hold=handler.wait_before,
+        receivers=coroutines,
     )
     return Pools(threads, aio)

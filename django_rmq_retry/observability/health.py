@@ -3,8 +3,11 @@
 *Live*: the loop turned within ``timeout`` seconds. A receiver that hangs does not make a
 consumer dead (receivers run in threads; the loop goes on settling the others), but a loop
 stuck in a callback, a deadlock or a blocked I/O call does: then nothing is acked, heartbeats
-stop, and only a restart helps. *Ready*: live, and consuming every queue it was asked to
-(not while connecting, reconnecting, resuming a cancelled consumer or shutting down).
+stop, and only a restart helps. So does an ``async def`` receiver that has blocked the event
+loop of the async receivers for ``timeout`` seconds (``time.sleep`` in ``async def``: every
+other one waits): the watchdog (``consumer.watchdog``) names it, :attr:`Health.blocked_by`.
+*Ready*: live, and consuming every queue it was asked to (not while connecting,
+reconnecting, resuming a cancelled consumer or shutting down).
 
 Over HTTP (``server.py``) or as files for exec probes: ``live`` is touched at most once a
 second while the loop turns, ``ready`` exists while ready. Under ``--processes N`` each child
@@ -40,6 +43,8 @@ class Health:
     ) -> None:
         self.timeout = float(timeout)
         self._beat = time.monotonic()  # starting counts as a turn: the grace to connect
+        #: The async receiver blocking its event loop, and since when (monotonic), if one is.
+        self._blocked: tuple[str, float] | None = None
         self._ready = False
         self._touched = 0.0
         self._live_file = self._ready_file = None
@@ -58,9 +63,21 @@ class Health:
             self._ready = ready
             if self._ready_file is not None:
                 (_touch if ready else _remove)(self._ready_file)
-        if self._live_file is not None and now - self._touched >= 1.0:
+        if self._live_file is not None and now - self._touched >= 1.0 and self.live():
             self._touched = now
             _touch(self._live_file)
+
+    def loop_blocked(self, receiver: str | None, seconds: float) -> None:
+        """An async receiver blocks its event loop (the watchdog, through the observer);
+        ``seconds`` 0: the loop turns again."""
+        since = time.monotonic() - seconds
+        self._blocked = None if seconds <= 0 else (receiver or "?", since)
+
+    @property
+    def blocked_by(self) -> str | None:
+        """The async receiver blocking its event loop now, if one is."""
+        blocked = self._blocked
+        return None if blocked is None else blocked[0]
 
     def stopped(self) -> None:
         """The consumer is gone: not ready, and its files say so."""
@@ -69,7 +86,11 @@ class Health:
             _remove(self._ready_file)
 
     def live(self) -> bool:
-        return time.monotonic() - self._beat < self.timeout
+        now = time.monotonic()
+        blocked = self._blocked
+        if blocked is not None and now - blocked[1] >= self.timeout:
+            return False
+        return now - self._beat < self.timeout
 
     def ready(self) -> bool:
         return self._ready and self.live()

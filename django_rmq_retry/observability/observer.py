@@ -21,7 +21,15 @@ from ..hooks import Hooks, SendEvent
 logger = logging.getLogger("django_rmq_retry.observability")
 
 #: The hooks that wrap nothing (each call fans out to the parts that implement it).
-PLAIN = ("retry_copy", "settled", "loop_tick", "reconnecting", "parked_batch", "stopped")
+PLAIN = (
+    "retry_copy",
+    "settled",
+    "loop_tick",
+    "loop_blocked",
+    "reconnecting",
+    "parked_batch",
+    "stopped",
+)
 #: A part's token when its ``*_started`` failed: its ``*_ended`` is not called.
 FAILED = object()
 
