@@ -151,3 +151,51 @@ def test_rmq_operations_killed_mid_operation_is_taken_over_and_sends_no_row_twic
     # counted "outcome unknown"): none lost, none waited for for ever.
     assert (op.sent, op.handled, op.handled + op.unknown) == (n, len(handled), n)
     assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == op.unknown
+
+
+def test_a_stepper_frozen_past_its_lease_writes_nothing_after_the_takeover(rmq):
+    """SIGSTOP the process holding the lease until another holds it, then SIGCONT: the
+    woken step may finish publishing the batch it had fenced (the taker never sends those
+    rows), but writes nothing more to the operation."""
+    n = 200
+    park_rows(rmq, [{"id": i} for i in range(n)])
+    op = operations.create(ParkedMessage.objects.all(), user="ops", rate=50.0)
+    timeout = {"RMQ_OPERATION_OUTCOME_TIMEOUT": "10"}
+    consumer = start_consumer(rmq.prefix, rmq.log, "alpha", "--no-relay", **child_env(rmq))
+    frozen = start_stepper(rmq, "frozen", **timeout)
+    taker = None
+    try:
+        waiting.until(
+            "the first process sent some",
+            lambda: RequeueOperation.objects.get(pk=op.pk).sent > 0,
+            child=frozen,
+        )
+        frozen.send_signal(signal.SIGSTOP)
+        owner = f":{frozen.pid}:"
+        taker = start_stepper(rmq, "taker", **timeout)
+        waiting.until(
+            "another process took the lease over",
+            lambda: owner not in RequeueOperation.objects.get(pk=op.pk).lease_owner,
+            child=taker,
+        )
+        frozen.send_signal(signal.SIGCONT)
+        waiting.until(
+            "the operation finished",
+            lambda: RequeueOperation.objects.get(pk=op.pk).state != OperationState.RUNNING,
+            child=taker,
+            timeout=240,
+        )
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        for child in (frozen, taker, consumer):
+            if child is not None:
+                child.send_signal(signal.SIGTERM)
+        for child in (frozen, taker, consumer):
+            if child is not None:
+                child.communicate(timeout=60)
+    op.refresh_from_db()
+    handled = handled_ids(rmq)
+    assert (op.state, op.state_changed_by) == (OperationState.DONE, ""), op.state_reason
+    assert set(handled.values()) == {1}  # no message twice
+    assert (op.sent, op.handled, op.handled + op.unknown) == (n, len(handled), n)
+    assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == op.unknown
