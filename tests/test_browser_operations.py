@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.urls import reverse
+from django.utils import timezone
 
 from django_rmq_retry.models import OperationState, ParkedMessage, ParkedStatus, RequeueOperation
 from django_rmq_retry.parking import operations
@@ -101,6 +103,7 @@ def test_operator_starts_a_canary_ramped_rated_requeue_and_watches_it(
         child.communicate(timeout=60)
     assert page.inner_text("[data-key=handled]") == str(n)
     assert page.inner_text("[data-key=left]") == "0"
+    assert page.inner_text("[data-key=unknown]") == "0"
     assert page.evaluate("typeof window.__pwned") == "undefined"
     # The whole page says so, without a reload, and offers nothing to do any more.
     until_said(page, "Done")
@@ -186,10 +189,15 @@ def test_the_page_follows_what_another_operator_or_a_stop_did(
     page.goto(f"{live_server.url}/admin/django_rmq_retry/requeueoperation/{op.pk}/change/")
     assert said_state(page) == ["Running"] * 4
     assert offered(page) == ["pause", "cancel"]
+    # Nothing steps it: once it is overdue, the page says why nothing moves.
+    RequeueOperation.objects.filter(pk=op.pk).update(next_at=timezone.now() - timedelta(minutes=1))
+    page.wait_for_selector("#rmq-op-idle", state="visible", timeout=60_000)
+    assert "rmq_operations" in page.inner_text("#rmq-op-idle")
 
     assert operations.pause(op.pk, "ops2")
     until_said(page, "Paused")
     assert offered(page) == ["resume", "cancel"]
+    assert not page.is_visible("#rmq-op-idle")  # paused: nothing is expected to step it
     assert page.inner_text("[data-live=state_changed_by]") == "ops2"
     assert page.inner_text("[data-live=reason]") == "Paused by ops2."
 

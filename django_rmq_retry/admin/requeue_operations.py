@@ -11,6 +11,7 @@ says "Running" beside a "Done" box, nor offers Pause on a paused or finished ope
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -19,6 +20,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -39,10 +41,22 @@ VERBS = {
 }
 
 
+#: Seconds a running operation may be overdue, with no step in flight, before the page
+#: says that no process is stepping operations (a step is due every second or sooner).
+IDLE_SECONDS = 5
+
+
 def live_progress(op: RequeueOperation) -> dict[str, Any]:
     """The operation as the page shows it and its poll refreshes: the counters, what an
-    operator may do now (``actions``), and who changed its state."""
-    return {**operations.progress(op).as_dict(), "state_changed_by": op.state_changed_by or ""}
+    operator may do now (``actions``), who changed its state, and ``idle``: it is running
+    but nothing steps it (no consumer, no ``rmq_operations``), so it would wait for ever."""
+    progress = operations.progress(op)
+    overdue = op.next_at < timezone.now() - timedelta(seconds=IDLE_SECONDS)
+    return {
+        **progress.as_dict(),
+        "state_changed_by": op.state_changed_by or "",
+        "idle": op.state == OperationState.RUNNING and not progress.stepping and overdue,
+    }
 
 
 def _live(key: str, value: Any) -> SafeString:
