@@ -7,11 +7,15 @@ database, broker prefix) takes the operation's lease and steps it, then exits wi
 * ``confirmed``: once the broker confirmed the step's first batch, before the requeue marks
   a row or the step counts a copy;
 * ``fenced``: after the step fenced its batch, before anything is published.
+
+``freeze`` stops itself instead (``SIGSTOP``) once the first batch is confirmed; after the
+test's ``SIGCONT`` the step goes on as a woken process would, and the script exits 0.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
@@ -33,7 +37,12 @@ class Dying:
         return getattr(self.inner, name)
 
     def stream_batches(self, batches: Any, answered: Any, **kwargs: Any) -> Any:
-        def die(_batch: Any) -> None:
+        def die(batch: Any) -> None:
+            if WHEN == "freeze":
+                print("confirmed; freezing before the marks", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+                answered(batch)  # woken: the marks, as the step would have made them
+                return
             print("confirmed; dying before the marks", flush=True)
             os._exit(9)
 
@@ -45,4 +54,5 @@ class Dying:
 
 requeuing.get_publisher = lambda *a, **k: Dying(real(*a, **k))  # type: ignore[assignment]
 operations.advance(int(sys.argv[1]), owner="stepper")
-sys.exit(3)  # the step ended without publishing anything: the scenario did not happen
+# Frozen: the step ended. Otherwise it ended without publishing: the scenario did not happen.
+sys.exit(0 if WHEN == "freeze" else 3)

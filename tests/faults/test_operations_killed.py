@@ -199,3 +199,46 @@ def test_a_stepper_frozen_past_its_lease_writes_nothing_after_the_takeover(rmq):
     assert set(handled.values()) == {1}  # no message twice
     assert (op.sent, op.handled, op.handled + op.unknown) == (n, len(handled), n)
     assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == op.unknown
+
+
+def test_a_step_frozen_between_confirms_and_marks_is_taken_over_and_writes_nothing(rmq):
+    """The step stops itself once the broker confirmed its batch; a consumer takes the
+    operation over after the lease; the woken step marks its rows but writes nothing to
+    the operation, and no row is sent twice."""
+    park_rows(rmq, [{"id": i} for i in range(N)])
+    op = operations.create(ParkedMessage.objects.all(), user="ops")
+    stepper = Child(
+        [sys.executable, str(ROOT / "tests" / "faults" / "op_stepper.py"), str(op.pk), "freeze"],
+        subprocess_env(rmq.prefix, rmq.log, **child_env(rmq)),
+        rmq.log.with_name("frozen.out"),
+    )
+    consumer = None
+    try:
+        waiting.until("the step froze", lambda: "freezing" in stepper.output(), child=stepper)
+        consumer = start_consumer(rmq.prefix, rmq.log, "alpha", **child_env(rmq))
+        waiting.until(
+            "a consumer took the lease over",
+            lambda: not RequeueOperation.objects.get(pk=op.pk).lease_owner.startswith("stepper"),
+            child=consumer,
+        )
+        stepper.send_signal(signal.SIGCONT)
+        assert stepper.wait(timeout=60) == 0, stepper.output()
+        waiting.until(
+            "the operation finished",
+            lambda: RequeueOperation.objects.get(pk=op.pk).state != OperationState.RUNNING,
+            child=consumer,
+            timeout=240,
+        )
+    finally:
+        stepper.send_signal(signal.SIGCONT)
+        stepper.communicate(timeout=60)
+        if consumer is not None:
+            consumer.send_signal(signal.SIGTERM)
+            consumer.communicate(timeout=60)
+    op.refresh_from_db()
+    assert (op.state, op.sent, op.handled, op.unknown) == (OperationState.DONE, N, N, 0), (
+        op.state_reason
+    )
+    assert handled_ids(rmq) == Counter(range(N))  # every message once
+    rows = ParkedMessage.objects.all()
+    assert set(rows.values_list("status", "requeue_count")) == {(ParkedStatus.REQUEUED, 1)}
