@@ -73,6 +73,63 @@ def test_transient_failures_recover_and_siblings_never_rerun(rmq, fail):
     assert ParkedMessage.objects.count() == 0
 
 
+def test_a_float_header_read_from_a_message_can_be_sent_on(rmq, registry_snapshot):
+    """A receiver reads a foreign double as a float; sending those headers on (pika 1.4
+    refuses floats) reaches the next receiver with the same floats, its retry copy too."""
+    inbound, onward = Topic("test.floats.in"), Topic("test.floats.out")
+    seen: list[tuple[int, dict]] = []
+
+    @inbound.connect
+    def forward(message, **kwargs):
+        onward.send({"n": 1}, headers=dict(message.headers))
+
+    @onward.connect
+    def capture(message, **kwargs):
+        seen.append((message.attempt, dict(message.headers)))
+        if message.attempt == 1:
+            raise ValueError("first attempt fails")
+
+    rmq.setup()
+    rmq.ch().basic_publish(
+        rmq.names.work_exchange,
+        "test.floats.in",
+        b'{"n": 1}',
+        pika.BasicProperties(content_type="application/json", headers={"tenant": "acme"}),
+    )
+    # A double as a Java client writes it: pika 1.4 cannot encode one, so the raw table.
+    rmq.ch().basic_publish(
+        rmq.names.work_exchange,
+        "test.floats.in",
+        b'{"n": 2}',
+        _with_double_header("ratio", 2.5),
+    )
+    with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "DELAY_LANDING_MS": 0}):
+        consume("forward", "capture", max_messages=6)
+    ratios = sorted((attempt, h.get("ratio", -1.0)) for attempt, h in seen)
+    assert ratios == [(1, -1.0), (1, 2.5), (2, -1.0), (2, 2.5)]
+    assert all(type(r) is float for _, r in ratios)
+    assert ParkedMessage.objects.count() == 0
+
+
+def _with_double_header(key: str, value: float) -> pika.BasicProperties:
+    """Properties whose header table holds ``key`` as an AMQP double (type ``d``)."""
+    import struct
+
+    from django_rmq_retry.broker.wire import Encoded
+
+    entry = bytes([len(key)]) + key.encode() + b"d" + struct.pack(">d", value)
+    ctype = b"application/json"
+    # flags: content_type (bit 15) and headers (bit 13)
+    data = (
+        struct.pack(">H", (1 << 15) | (1 << 13))
+        + bytes([len(ctype)])
+        + ctype
+        + struct.pack(">I", len(entry))
+        + entry
+    )
+    return Encoded(data, None)
+
+
 def test_retry_copy_preserves_body_and_every_property(rmq, registry_snapshot):
     topic = Topic("test.props")
     seen = []

@@ -26,7 +26,7 @@ _leaves = (
     | st.none()
     | st.decimals(places=2, min_value=-(10**6), max_value=10**6)
     | st.datetimes(min_value=datetime.datetime(1970, 1, 2), max_value=datetime.datetime(2100, 1, 1))
-    | st.floats(allow_nan=False)  # pika refuses floats: both must refuse
+    # no floats: pika refuses them, ours writes doubles (test_floats_go_out_as_doubles)
 )
 _values = st.recursive(
     _leaves,
@@ -95,12 +95,41 @@ def test_a_requeued_message_s_properties_take_the_fast_path_and_decode_back():
 def test_unusual_values_are_left_to_pika():
     import django_rmq_retry.broker.wire as wire
 
-    for odd in (decimal.Decimal("1.5"), datetime.datetime(2026, 1, 1), 2**64, 1.5):
+    class Text(str):
+        pass
+
+    for odd in (2**64, Text("x"), decimal.Decimal("NaN")):
         with pytest.raises(wire._Unusual):
             wire._encode({"headers": {"v": odd}})
+    for usual in (decimal.Decimal("1.5"), datetime.datetime(2026, 1, 1)):
+        wire._encode({"headers": {"v": usual}})  # ours, the bytes pika writes (above)
     assert encode_properties({"headers": {"d": decimal.Decimal("1.5")}}) == _pika(
         {"headers": {"d": decimal.Decimal("1.5")}}
     )
+
+
+_FLOATS = [2.5, -0.0, 1e300, -1e-300, float("inf"), float("-inf"), 5e-324]
+
+
+@pytest.mark.parametrize("value", _FLOATS)
+def test_floats_go_out_as_doubles(value):
+    """pika 1.4 refuses a float; a receiver reads a foreign double as one (core.amqptable)
+    and may send the headers on, so ours writes it as AMQP's double, wherever it sits: read
+    back, the same float, beside values pika would encode (a decimal, a datetime)."""
+    from django_rmq_retry.core import amqptable
+
+    when = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    headers = {
+        "ratio": value,
+        "nested": {"list": [value, 1], "amount": decimal.Decimal("1.25")},
+        "when": when,
+    }
+    data = encode_properties({"headers": headers})
+    table = data[2:]  # after the flag word: the headers are the only property set
+    decoded = amqptable.decode(table)
+    assert decoded["ratio"] == value and str(decoded["ratio"]) == str(value)  # -0.0 kept
+    assert decoded["nested"] == {"list": [value, 1], "amount": decimal.Decimal("1.25")}
+    assert decoded["when"] == when
 
 
 def test_encoded_properties_are_pika_s_and_marshal_to_pika_s_bytes():
