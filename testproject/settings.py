@@ -67,6 +67,11 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
+# Who gets the alerts on failure groups (django_rmq_retry.W003 warns when nobody would):
+# in the demo, mail printed on the consumer's console.
+ADMINS = [("Demo operator", "ops@example.com")]
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
 RMQ_RETRY = {
     "BROKER_URL": env("RMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F"),
     "PREFIX": env("RMQ_PREFIX", default="rmq_retry"),
