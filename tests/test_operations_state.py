@@ -211,3 +211,17 @@ def test_two_operations_over_the_same_rows_send_each_row_once(rmq):
     assert (first.sent + second.sent, first.skipped + second.skipped) == (n, n)
     assert (first.handled + second.handled, first.unknown + second.unknown) == (n, 0)
     assert handled_ids(rmq) == Counter(range(n))  # each row once, whichever sent it
+
+
+def test_a_resumed_operation_that_stops_again_names_the_new_failure(rmq):
+    bodies = [{"id": i} for i in range(40)]
+    bodies[1] = {"id": 1, "fail": "always"}
+    bodies[20] = {"id": 20, "fail": "always"}
+    rows = park_rows(rmq, bodies)
+    op = operations.create(ParkedMessage.objects.all(), user="ops", canary=3)
+    op, _ = run_until_settled(rmq, op, timeout=120)
+    assert op.state == OperationState.STOPPED and f"#{rows[1].pk} failed" in op.state_reason
+    assert operations.resume(op.pk, "ops")
+    op, _ = run_until_settled(rmq, op, timeout=120)
+    assert (op.state, op.failed_again) == (OperationState.STOPPED, 2), op.state_reason
+    assert f"message #{rows[20].pk} failed again" in op.state_reason

@@ -65,12 +65,15 @@ def waiting_count(op: RequeueOperation) -> int:
 
 
 def _first_failure(op: RequeueOperation) -> str:
-    item = (
-        RequeueItem.objects.filter(operation=op, state=ItemState.FAILED)
-        .order_by("parked_id")
+    """The newest failure of the operation's copies (after a resume, the one that stopped
+    it again, not one from before the resume): a re-park sets the row's ``parked_at``."""
+    failed = RequeueItem.objects.filter(operation=op, state=ItemState.FAILED).values("parked_id")
+    row = (
+        ParkedMessage.objects.filter(pk__in=failed)
+        .only("pk", "error_type", "error_message")
+        .order_by("-parked_at", "-pk")
         .first()
     )
-    row = ParkedMessage.objects.filter(pk=item.parked_id).first() if item else None
     if row is None:
         return "a requeued message failed again"
     return f"message #{row.pk} failed again: {row.error_type}: {row.error_message[:200]}"
