@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.db import close_old_connections, connections
@@ -47,7 +46,7 @@ from .handler import Handler
 from .housekeeper import Housekeeper
 from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
-from .pool import CANCELLED, RUNNING, DaemonPool, Job
+from .pool import CANCELLED, HAND_BACK_SHARE, RUNNING, DaemonPool, HandBack, Job
 from .spare import SpareWindows
 
 logger = logging.getLogger("django_rmq_retry.consumer")
@@ -116,9 +115,8 @@ class Consumer:
         self._cancelled: list[str] = []  # consumer tags the broker cancelled
         #: The consume channel's deliveries not acked yet (``acks``): a new one per channel.
         self._acks = AckBook()
-        self._done: SimpleQueue[Job] = SimpleQueue()
-        self._wake_lock = threading.Lock()
-        self._wake_pending = False
+        #: Finished jobs on their way back to this thread, in batches (``pool.HandBack``).
+        self._done = HandBack(self.prefetch // HAND_BACK_SHARE, self._call_drain)
         self._inflight: dict[int, Job] = {}
         self._worker_local = threading.local()  # per receiver thread: when it last finished
         self._last_activity = time.monotonic()
@@ -142,8 +140,9 @@ class Consumer:
                 self.threads,
                 "rmq-receiver",
                 self._process,
-                self._hand_back,
+                self._hand_back_in_batch,
                 hold=self.handler.wait_before,
+                idle=self._done.idle,
             ),
             self.receivers,
             self.handler,
@@ -153,7 +152,7 @@ class Consumer:
         )
         self._parker = ParkWriter(
             self.names,
-            on_done=self._park_done,
+            on_batch_done=self._parked,
             on_stored=limits.forget,
             is_current=lambda d: d.generation == self._generation,
             stop=self._stop,
@@ -237,8 +236,7 @@ class Consumer:
         self._spares.reset()
         with self._parking_lock:
             self._parking.clear()  # the old connection's rows are no longer counted
-        with self._wake_lock:
-            self._wake_pending = False  # a wake-up scheduled on the old connection is gone
+        self._done.reset()  # a wake-up scheduled on the old connection is gone
         name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
         self._connection = broker.connect(after=self._lost_url, name=name)
         self._connection.on_blocked(functools.partial(_log_blocked, "consumer"))
@@ -363,7 +361,7 @@ class Consumer:
             # outage, and the consumer's own connection is fine (found below).
             if not (self._connection.is_open and self._copies_refused()):
                 raise
-        if not self._done.empty():
+        if self._done:
             # Safety net: a wake-up handed to a connection that died before running it
             # must never leave finished deliveries unsettled (and the prefetch window full).
             self._drain()
@@ -505,29 +503,40 @@ class Consumer:
         return on_message
 
     def _hand_back(self, job: Job) -> None:
-        """Worker thread → connection thread (or parking thread), waking the loop once per
-        batch, not per message."""
+        """The event loop of ``async def`` receivers → connection thread: wakes it now."""
+        if self._outcome(job):
+            self._done.put(job, now=True)
+
+    def _hand_back_in_batch(self, job: Job) -> None:
+        """Receiver thread → connection thread, which wakes once per batch (``HandBack``)."""
+        if self._outcome(job):
+            self._done.put(job)
+
+    def _outcome(self, job: Job) -> bool:
+        """Whether the connection's thread settles ``job``: not if it was cancelled, is of
+        a connection gone, or is a row to park (that goes to the parking thread now)."""
         if job.state is CANCELLED:
-            return
+            return False
         delivery = job.delivery
-        conn = self._connection
-        if conn is None or delivery.generation != self._generation:
-            return
+        if self._connection is None or delivery.generation != self._generation:
+            return False
         if isinstance(job.action, StorePark):
             # Straight to the parking thread: the connection's thread has nothing to do with
             # it until the row is committed. Through it, each parked message would cost one
             # more hand-off and wake-up.
             self._submit_park(delivery, job.action)
+            return False
+        return True
+
+    def _call_drain(self) -> None:
+        """Any thread: run :meth:`_drain` on the connection's thread."""
+        conn = self._connection
+        if conn is None:
             return
-        self._done.put(job)
-        with self._wake_lock:
-            if self._wake_pending:
-                return
-            self._wake_pending = True
         try:
             conn.call_threadsafe(self._drain)
-        except ConnectionLost:  # connection already gone: the message will be redelivered
-            logger.debug("could not hand back delivery %s", delivery.tag, exc_info=True)
+        except ConnectionLost:  # connection already gone: its deliveries will be redelivered
+            logger.debug("could not wake the connection's thread", exc_info=True)
 
     def _drain(self) -> None:
         """Connection thread: settle every finished delivery.
@@ -536,14 +545,8 @@ class Consumer:
         running, waiting for its retry copy's confirm or its parked row's commit, or skipped
         at shutdown is never covered by a multiple ack.
         """
-        with self._wake_lock:
-            self._wake_pending = False
         settled_keys: list[str | None] = []
-        while True:
-            try:
-                job = self._done.get_nowait()
-            except Empty:
-                break
+        for job in self._done.take():
             delivery = job.delivery
             if delivery.generation != self._generation:
                 continue
@@ -586,7 +589,7 @@ class Consumer:
 
     def _submit_park(self, delivery: Delivery, action: StorePark) -> None:
         """Any thread: the parking thread commits the row. The delivery stays in flight and
-        unsettled until it reports the commit (:meth:`_park_done`). Counted meanwhile: a
+        unsettled until it reports the commit (:meth:`_parked`). Counted meanwhile: a
         flood of parks fills the window with rows waiting for a commit, and an opt-in
         spare consumer may widen it (``spare.py``)."""
         with self._parking_lock:
@@ -594,16 +597,24 @@ class Consumer:
                 self._parking[delivery.queue] += 1
         self._parker.submit(ParkJob(delivery, action.request, action.start_key, action.log_line))
 
-    def _park_done(self, delivery: Delivery, stored: bool) -> None:
-        """Parking thread: the row is committed (ack) or could not be (give it back)."""
+    def _parked(self, results: list[tuple[Delivery, bool]]) -> None:
+        """Parking thread: one commit's rows, stored (ack) or given up (give back), handed
+        back with one wake-up. Delivered together, they leave as one multiple ack."""
         with self._parking_lock:
-            if delivery.generation == self._generation and self._parking[delivery.queue] > 0:
-                self._parking[delivery.queue] -= 1
-                if not self._parking[delivery.queue]:
-                    del self._parking[delivery.queue]
-        job = Job(delivery)
-        job.finish(Ack("parked") if stored else Release(cause="its row could not be parked"), None)
-        self._hand_back(job)
+            for delivery, _stored in results:
+                if delivery.generation == self._generation and self._parking[delivery.queue] > 0:
+                    self._parking[delivery.queue] -= 1
+                    if not self._parking[delivery.queue]:
+                        del self._parking[delivery.queue]
+        jobs: list[Job] = []
+        for delivery, stored in results:
+            job = Job(delivery)
+            job.finish(
+                Ack("parked") if stored else Release(cause="its row could not be parked"), None
+            )
+            if self._outcome(job):
+                jobs.append(job)
+        self._done.put_batch(jobs)
 
     def _flush_acks(self) -> None:
         """Connection thread: send what settled since the last flush, nacks first

@@ -6,7 +6,9 @@ parks one row per commit spends most of its time waiting on fsync. Here workers 
 *describe* the row; this thread takes whatever accumulated while its last commit ran and
 writes it with one INSERT and one commit (:func:`parking.park_many`), so the batch grows
 with the load and the commit cost is shared. Nothing is acked before its row is committed:
-the consumer acks a delivery only when ``on_done(token, True)`` reports it.
+the consumer acks a delivery only when ``on_batch_done`` reports ``(token, True)`` for it.
+Each commit is reported once, as one batch, so the consumer's thread wakes once for it and
+its rows, delivered together, are acked with one ``multiple=True`` ack.
 
 While the database is down, or cannot write now (a lock, a deadlock: ``core.busy``), the
 thread holds every row unacked, says so once, and retries with backoff; workers keep
@@ -57,7 +59,7 @@ HOLD_MAX_DELAY = 10.0
 
 @dataclass(frozen=True)
 class ParkJob:
-    """One delivery to park: ``token`` identifies it to the consumer's callbacks."""
+    """One delivery to park: ``token`` identifies it to the consumer's callback."""
 
     token: Any
     request: ParkRequest
@@ -72,14 +74,15 @@ class ParkWriter:
         self,
         names: Names,
         *,
-        on_done: Callable[[Any, bool], None],
+        on_batch_done: Callable[[list[tuple[Any, bool]]], None],
         on_stored: Callable[[list[str | None]], None],
         is_current: Callable[[Any], bool],
         stop: threading.Event,
         max_batch: int = MAX_BATCH,
     ) -> None:
         self._names = names
-        self._on_done = on_done
+        #: ``[(token, stored)]`` once per batch: committed (ack) or given up (give back).
+        self._on_batch_done = on_batch_done
         self._on_stored = on_stored
         self._is_current = is_current
         self._stop = stop
@@ -148,16 +151,15 @@ class ParkWriter:
                 self._write(batch)
             except BaseException:  # a bug of ours: give the deliveries back, keep the thread
                 logger.exception("internal error parking %d message(s); releasing them", len(batch))
-                for job in batch:
-                    self._on_done(job.token, False)
+                self._on_batch_done([(job.token, False) for job in batch])
         self._release_held()
 
     def _release_held(self) -> None:
         """Closing: held rows go back to their queues (the delivery limit counts it)."""
         tell_floods(self._flood, everything=True)
         held, self._held = self._held, []
-        for job in held:
-            self._on_done(job.token, False)
+        if held:
+            self._on_batch_done([(job.token, False) for job in held])
 
     def _retry_held(self) -> None:
         held, self._held = self._held, []
@@ -218,6 +220,7 @@ class ParkWriter:
                     logger.warning("database is back; parked %d held message(s)", len(batch))
                 if self._hooks is not None:
                     _batch_done(self._hooks, batch, stored)
+                done: list[tuple[Any, bool]] = []
                 for job, ok in zip(batch, stored, strict=True):
                     if ok:
                         if retrying:
@@ -226,13 +229,14 @@ class ParkWriter:
                                 job.request.properties.get("message_id"),
                                 extra=request_fields(job.request),
                             )
-                        self._on_done(job.token, True)
+                        done.append((job.token, True))
                     else:
                         self._hold(job, retrying=retrying)
+                if done:
+                    self._on_batch_done(done)
                 return
-            if self._stop.wait(backoff.next()):
-                for job in batch:
-                    self._on_done(job.token, False)  # shutting down: back to the queue
+            if self._stop.wait(backoff.next()):  # shutting down: back to the queue
+                self._on_batch_done([(job.token, False) for job in batch])
                 return
 
 

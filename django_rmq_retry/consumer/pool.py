@@ -5,6 +5,9 @@ heartbeats. A job moves pending → running → done, or pending → cancelled (
 returns deliveries no receiver started to their queue untouched). A retry copy that arrived
 before its due time stays pending in the ``landing`` until then, and in the last
 ``landing.LEAD`` with a receiver thread that has nothing else to run (``_next``).
+
+Finished jobs go back to the connection's thread through a :class:`HandBack`, in batches:
+one wake-up of that thread per batch, never one per message.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 
@@ -21,6 +25,9 @@ from .actions import Action, Delivery
 from .landing import Landing
 
 PENDING, RUNNING, DONE, CANCELLED = "pending", "running", "done", "cancelled"
+#: The connection's thread wakes once per this fraction of the prefetch window of outcomes
+#: (or sooner, when a receiver thread runs out of work): see :class:`HandBack`.
+HAND_BACK_SHARE = 4
 
 
 class Job:
@@ -49,8 +56,72 @@ class Job:
         return self.action
 
 
+class HandBack:
+    """Finished jobs on their way to the connection's thread, which wakes once per batch.
+
+    A wake-up costs that thread an event dispatch, the GIL and an ack frame; a busy queue
+    would pay it per message. So threads :meth:`put` jobs, and ``wake()`` (which schedules a
+    :meth:`take` on the connection's thread) runs at most once at a time: once ``every``
+    jobs were put since the last wake-up, at once for ``put(now=True)``, or when a receiver
+    thread is about to wait for work (:meth:`idle`: nothing it finished waits for a batch
+    that is not coming). What a wake-up that never ran leaves behind, the connection's
+    thread takes on its next pump (a safety net: ``bool(hand_back)`` says whether any).
+    """
+
+    def __init__(self, every: int, wake: Callable[[], None]) -> None:
+        self.every = max(1, every)
+        self._wake = wake
+        self._jobs: deque[Job] = deque()  # append and popleft are atomic: no lock needed
+        self._lock = threading.Lock()
+        self._pending = False  # a wake-up is scheduled and has not taken the jobs yet
+        self._since = 0  # jobs put since the last wake-up
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)
+
+    def put(self, job: Job, *, now: bool = False) -> None:
+        """Any thread: queue ``job``; wake the connection's thread if the batch is full."""
+        self._jobs.append(job)
+        self._queued(1, now)
+
+    def put_batch(self, jobs: list[Job]) -> None:
+        """Any thread: queue a batch that is complete (a commit's rows): one wake-up."""
+        if jobs:
+            self._jobs.extend(jobs)
+            self._queued(len(jobs), True)
+
+    def _queued(self, count: int, now: bool) -> None:
+        with self._lock:
+            self._since += count
+            if self._pending or (not now and self._since < self.every):
+                return
+            self._pending, self._since = True, 0
+        self._wake()
+
+    def idle(self) -> None:
+        """A receiver thread is about to wait for work: wake for what is queued."""
+        with self._lock:
+            if self._pending or not self._since:
+                return
+            self._pending, self._since = True, 0
+        self._wake()
+
+    def take(self) -> list[Job]:
+        """Connection thread: every job queued (a job put meanwhile wakes again later)."""
+        with self._lock:
+            self._pending, self._since = False, 0
+        jobs = self._jobs
+        return [jobs.popleft() for _ in range(len(jobs))]
+
+    def reset(self) -> None:
+        """A new connection: a wake-up scheduled on the one before is gone with it."""
+        with self._lock:
+            self._pending, self._since = False, 0
+
+
 class DaemonPool:
-    """A fixed pool of *daemon* receiver threads: ``run(delivery)``, then ``done(job)``.
+    """A fixed pool of *daemon* receiver threads: ``run(delivery)``, then ``done(job)``;
+    ``idle()`` before a thread waits for the next job.
 
     ``ThreadPoolExecutor`` threads are joined at interpreter exit, so a receiver still
     running after ``SHUTDOWN_TIMEOUT`` would hold the process until it returned. Daemon
@@ -65,9 +136,11 @@ class DaemonPool:
         run: Callable[[Delivery], Action],
         done: Callable[[Job], None],
         hold: Callable[[Delivery], float] | None = None,
+        idle: Callable[[], None] | None = None,
     ) -> None:
         self._run = run
         self._done = done
+        self._idle = idle
         self._hold = hold  # seconds a delivery waits before a thread may start it
         self._lock = threading.Lock()  # job state changes: start vs cancel
         self._queue: SimpleQueue[Job | None] = SimpleQueue()
@@ -121,11 +194,11 @@ class DaemonPool:
                         self._give_back(early)
                     return job
                 try:
-                    got = self._queue.get(timeout=wait)
+                    got = self._get(wait)
                 except Empty:
                     continue
             else:
-                got = self._queue.get()
+                got = self._get(None)
             if got is not None and got.not_before and (early or got.not_before > time.monotonic()):
                 # Not due yet, or due beside copies held here that may be due before it
                 # (a host that stalled this thread): the earliest leaves first.
@@ -133,6 +206,16 @@ class DaemonPool:
                 continue
             self._give_back(early)
             return got
+
+    def _get(self, timeout: float | None) -> Job | None:
+        """The next queued job, waiting up to ``timeout`` (``None``: for ever) if there is
+        none yet; ``idle()`` runs before the wait."""
+        try:
+            return self._queue.get_nowait()
+        except Empty:
+            if self._idle is not None:
+                self._idle()
+            return self._queue.get(timeout=timeout)
 
     def _give_back(self, early: list[tuple[float, int, Job]]) -> None:
         for at, _n, job in early:
