@@ -105,6 +105,24 @@ def test_controls_say_what_happened():
     assert operations.pause(10**9, "ann") == operations.Control(False, "", False)
 
 
+@pytest.mark.parametrize(
+    ("verb", "said"), [("pause", "paused"), ("resume", "resumed"), ("cancel", "cancelled")]
+)
+def test_rmq_operations_says_what_the_control_did(verb, said):
+    import io
+
+    from django.core.management import call_command
+
+    now = timezone.now()
+    state = OperationState.PAUSED if verb == "resume" else OperationState.RUNNING
+    op = RequeueOperation.objects.create(
+        created_by="ops", created_at=now, updated_at=now, next_at=now, total=3, state=state
+    )
+    out = io.StringIO()
+    call_command("rmq_operations", f"--{verb}", str(op.pk), stdout=out)
+    assert out.getvalue() == f"Operation #{op.pk}: {said}.\n"
+
+
 def test_30_refusals_are_30_refused_and_never_sent_again(rmq):
     """Topic mode, routing keys no queue is bound to: the broker returns each copy."""
     rows = park_rows(rmq, [{"id": i} for i in range(40)])

@@ -45,7 +45,8 @@ class Command(BaseCommand):
                     raise CommandError(
                         f"operation #{options[verb]} cannot {verb}: {now or 'no such operation'}"
                     )
-                self.stdout.write(f"Operation #{options[verb]}: {verb}d.")
+                past = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[verb]
+                self.stdout.write(f"Operation #{options[verb]}: {past}.")
                 return
         if options["list"]:
             for op in RequeueOperation.objects.order_by("-created_at")[:20]:
