@@ -28,7 +28,7 @@ from tests import waiting
 from tests.conftest import ROOT, Child, start_consumer, subprocess_env
 from tests.test_operations import handled_ids, park_rows
 
-pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
 N = 100
 BATCH = 20
