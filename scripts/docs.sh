@@ -17,7 +17,7 @@ say "built in $((SECONDS - t0)) s: $OUT/index.html"
 say "checking internal links and anchors of the built site"
 "$PY" "$ROOT/docs/_ext/check_links.py" "$OUT"
 
-say "running the examples the pages show (tests/docs_examples, in-memory broker)"
+say "running the examples the pages show (tests/docs_examples)"
 "$PY" -m pytest -q -p no:cacheprovider tests/docs_examples tests/test_docs.py
 
 if [ "${1:-}" = "--serve" ]; then
