@@ -116,18 +116,10 @@ def _with_double_header(key: str, value: float) -> pika.BasicProperties:
     import struct
 
     from django_rmq_retry.broker.wire import Encoded
+    from tests.faults.rawamqp import shortstr, table
 
-    entry = bytes([len(key)]) + key.encode() + b"d" + struct.pack(">d", value)
-    ctype = b"application/json"
-    # flags: content_type (bit 15) and headers (bit 13)
-    data = (
-        struct.pack(">H", (1 << 15) | (1 << 13))
-        + bytes([len(ctype)])
-        + ctype
-        + struct.pack(">I", len(entry))
-        + entry
-    )
-    return Encoded(data, None)
+    flags = struct.pack(">H", (1 << 15) | (1 << 13))  # content_type, headers
+    return Encoded(flags + shortstr("application/json") + table({key: value}), None)
 
 
 def test_retry_copy_preserves_body_and_every_property(rmq, registry_snapshot):
