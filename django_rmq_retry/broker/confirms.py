@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -199,14 +199,7 @@ class ConfirmChannel:
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
-        if method.multiple:
-            tags = []
-            for tag in self.pending:
-                if tag > method.delivery_tag:
-                    break
-                tags.append(tag)
-        else:
-            tags = [method.delivery_tag] if method.delivery_tag in self.pending else []
+        tags = confirmed_tags(self.pending, method.delivery_tag, method.multiple)
         acked = method.NAME == "Basic.Ack"
         for tag in tags:
             entry = self.pending.pop(tag)
@@ -226,6 +219,20 @@ class _Pending:
     routing_key: str
     body: bytes
     returned: bool = False
+
+
+def confirmed_tags(pending: Collection[int], delivery_tag: int, multiple: bool) -> list[int]:
+    """The tags of ``pending`` (in tag order) that a broker's ack or nack answers: up to
+    ``delivery_tag`` with ``multiple``, else that one tag if it is pending (an answer for a
+    tag no longer pending answers nothing)."""
+    if not multiple:
+        return [delivery_tag] if delivery_tag in pending else []
+    tags = []
+    for tag in pending:
+        if tag > delivery_tag:
+            break
+        tags.append(tag)
+    return tags
 
 
 def settled_reason(acked: bool, returned: bool) -> str:

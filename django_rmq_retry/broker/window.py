@@ -296,14 +296,7 @@ class ConfirmWindow:
         if channel is not self._channel:
             return
         method = frame.method
-        if method.multiple:
-            tags = []
-            for tag in self._pending:
-                if tag > method.delivery_tag:
-                    break
-                tags.append(tag)
-        else:
-            tags = [method.delivery_tag] if method.delivery_tag in self._pending else []
+        tags = confirms.confirmed_tags(self._pending, method.delivery_tag, method.multiple)
         acked = method.NAME == "Basic.Ack"
         self._last_progress = self.clock.now()
         answered = []
