@@ -96,13 +96,12 @@ tox_dir() { echo "$ROOT/.tox/$1"; }
 # delays), so two processes finish it in about half the time. The halves take the test
 # files outside tests/faults in turn, in name order; the markers still choose the tests.
 half() {  # half 0|1 [EXCLUDED_FILE...]: every other test file outside tests/faults
-  local i=0 f
+  local f files=()
   while IFS= read -r f; do
-    [[ " ${*:2} " == *" $f "* ]] && continue
-    [ $((i % 2)) = "$1" ] && echo "$f"
-    i=$((i + 1))
+    [[ " ${*:2} " == *" $f "* ]] || files+=("$f")
   done < <(find tests -name 'test_*.py' -not -path 'tests/faults/*' -not -path '*/node_modules/*' \
     | LC_ALL=C sort)
+  every_other "$1" "${files[@]}"
 }
 # Test paths of the caller's (scripts/test.sh tests/test_x.py) replace the parts' own files:
 # the first part of oldest and of newest runs them (all of newest's markers but browser and
