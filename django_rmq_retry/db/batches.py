@@ -123,7 +123,8 @@ class _AnyOf(models.Lookup):
 def ids_in(ids: Sequence[int], using: str) -> Q:
     """``pk IN (ids)``; on PostgreSQL as one array parameter (``pk = ANY(%s)``) instead of
     a placeholder per id, which Django prepares one by one and psycopg parses again for
-    every statement (a requeue names 500 ids per statement, three times).
+    every statement (a requeue names up to a chunk's rows, ``CHUNK_ROWS``, per statement,
+    three times).
 
     ``= ANY(array)``, not ``IN (SELECT unnest(array))``: the planner knows how many keys an
     array holds and goes through the primary key whatever the table's statistics say. With
