@@ -93,15 +93,17 @@ tox_leg() {  # tox_leg ENV PYTHON_VERSION PYTEST_ARGS...
 tox_dir() { echo "$ROOT/.tox/$1"; }
 # The ordinary suite of oldest and of newest runs in two halves side by side ("oldest" and
 # "oldest-2", "newest" and "newest-2"): its tests mostly wait (consumers idling out, retry
-# delays), so two processes finish it in about half the time. The halves take the test
-# files outside tests/faults in turn, in name order; the markers still choose the tests.
-half() {  # half 0|1 [EXCLUDED_FILE...]: every other test file outside tests/faults
+# delays), so two processes finish it in about half the time. The halves are balanced by the
+# seconds each file took in a recorded run (scripts/test-weights.txt; a new file weighs the
+# median until the weights are recorded again: scripts/test_weights.py); the markers still
+# choose the tests.
+half() {  # half LEG 0|1 [EXCLUDED_FILE...]: LEG's half of the test files outside tests/faults
   local f files=()
   while IFS= read -r f; do
-    [[ " ${*:2} " == *" $f "* ]] || files+=("$f")
+    [[ " ${*:3} " == *" $f "* ]] || files+=("$f")
   done < <(find tests -name 'test_*.py' -not -path 'tests/faults/*' -not -path '*/node_modules/*' \
     | LC_ALL=C sort)
-  every_other "$1" "${files[@]}"
+  "$PY" "$ROOT/scripts/test_weights.py" split "$1" "$2" "${files[@]}"
 }
 # Test paths of the caller's (scripts/test.sh tests/test_x.py) replace the parts' own files:
 # the first part of oldest and of newest runs them (all of newest's markers but browser and
@@ -121,7 +123,7 @@ oldest_half() {
   if paths_given "$@"; then
     [ "$n" = 0 ] || { nothing_if_paths "$@"; return 0; }
   else
-    mapfile -t files < <(half "$n" tests/test_publish_many.py)
+    mapfile -t files < <(half oldest "$n" tests/test_publish_many.py)
   fi
   tox_leg oldest 3.10 -m "not faults and not cluster" "${files[@]}" "$@"
 }
@@ -155,7 +157,7 @@ newest_half() {
     newest -m "not browser and not cluster" "$@"
     return
   fi
-  mapfile -t files < <(half "$n")
+  mapfile -t files < <(half newest "$n")
   newest -m "not browser and not cluster and not faults" "${files[@]}" "$@"
 }
 leg_newest() { newest_half 0 "$@"; }
@@ -293,6 +295,8 @@ declare -A PID=() STATUS=()
 run_part() {  # run_part NAME FUNCTION ARGS...
   local name="$1" t0=$SECONDS rc=0
   shift
+  # A JUnit report per part: its tests' seconds (scripts/test_weights.py record reads them).
+  export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --junitxml=$LOGS/$name.xml"
   if [ -n "$STREAM" ]; then "$@" || rc=$?; else "$@" >"$LOGS/$name.log" 2>&1 || rc=$?; fi
   times >"$LOGS/$name.times"  # in this shell: a subshell's "times" starts from zero
   echo "$rc $((SECONDS - t0)) $(cpu_seconds "$LOGS/$name.times")" >"$LOGS/$name.status"
