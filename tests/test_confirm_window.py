@@ -292,6 +292,7 @@ def test_a_stall_is_an_outage_and_leaves_every_message_unanswered():
     assert owner.outages == [("no confirm from the broker in 30s", ["b", "c"])]
     assert [item.state for item in items] == ["ack", "", ""]
     assert not link.channel_now.is_open and owner.window.state == "outage"
+    assert owner.window.cause is None  # a stall: no close to blame
     with pytest.raises(ConnectionLost):
         owner.submit("d")
 
@@ -324,10 +325,12 @@ def test_any_other_close_is_an_outage_in_publish_order():
     link.channel_now.refuse()  # isolating: a goes alone, b and c wait, d waits too
     owner.submit("d")
     clock.advance()
-    link.drop(pex.ConnectionClosedByBroker(320, "CONNECTION_FORCED - broker shutdown"))
+    dropped = pex.ConnectionClosedByBroker(320, "CONNECTION_FORCED - broker shutdown")
+    link.drop(dropped)
     assert owner.outages == [
         ("the publishing channel closed: 320 CONNECTION_FORCED - broker shutdown", list("abcd"))
     ]
+    assert owner.window.cause is dropped  # the owner reads what closed it
     assert owner.answers == []
 
 

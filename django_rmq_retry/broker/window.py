@@ -90,7 +90,9 @@ class ConfirmWindow:
     ``isolating``, ``outage`` (``why`` says why) or ``closed``. ``unconfirmed`` counts what
     was submitted and has no answer yet; ``on_progress()`` runs after each batch of answers
     (an owner waiting for the window to drain checks it there). ``label`` names the channel
-    in log lines ("publishing", "retry copies").
+    in log lines ("publishing", "retry copies"). ``cause`` is what made it an outage: pika's
+    exception for a channel that closed, the error of a failed relink, ``None`` for a stall
+    (an owner tells a refused publish, a 404, from a lost connection by it).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class ConfirmWindow:
         self.max_message_size = max_message_size
         self.state = "opening"
         self.why = ""
+        self.cause: BaseException | None = None
         self._channel: Any = None
         self._ready = False
         self._next_tag = 1
@@ -244,7 +247,7 @@ class ConfirmWindow:
             return
         why = refusal(reason)
         if why is None or not self._pending:  # (a refusal of nothing in flight: not ours)
-            self._outage(f"the {self.label} channel closed: {describe(reason)}")
+            self._outage(f"the {self.label} channel closed: {describe(reason)}", reason)
             return
         if self.state == "isolating":
             # Alone on the channel: this suspect is the one the broker refuses.
@@ -280,7 +283,7 @@ class ConfirmWindow:
         if self.state in ("outage", "closed"):
             return
         if isinstance(link, Exception):
-            self._outage(str(link))
+            self._outage(str(link), link)
             return
         self.link = link
         self.clock = link.clock
@@ -392,9 +395,10 @@ class ConfirmWindow:
         if link is self.link and not blocked:
             self._last_progress = self.clock.now()  # the stall clock starts over
 
-    def _outage(self, why: str) -> None:
+    def _outage(self, why: str, cause: BaseException | None = None) -> None:
         self.state = "outage"
         self.why = why
+        self.cause = cause
         unanswered = self._abandon()
         self.on_outage(why, unanswered)
 
