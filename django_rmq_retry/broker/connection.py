@@ -193,6 +193,24 @@ def _text(name: str | bytes, properties: dict[str, Any], raw_key: str) -> str:
     return name
 
 
+def delivering(on_message: OnMessage) -> Callable[[Any, Any, Any, bytes], None]:
+    """pika's ``on_message_callback`` for ``basic_consume`` that hands ``on_message`` plain
+    values (any channel kind: blocking, or on an event loop)."""
+
+    def deliver(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        props = from_pika(properties)
+        on_message(
+            method.delivery_tag,
+            _text(method.exchange, props, RAW_EXCHANGE),
+            _text(method.routing_key, props, RAW_ROUTING_KEY),
+            bool(method.redelivered),
+            props,
+            body,
+        )
+
+    return deliver
+
+
 class Connection:
     """One AMQP connection (to ``url``). Closing it never raises.
 
@@ -297,9 +315,10 @@ def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None
     return pikaext.idle_state(connection.raw)
 
 
-class Channel:
-    """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through
-    ``broker.confirms.ConfirmChannel``)."""
+class Consuming:
+    """What a consumer does on a channel: consume, settle, watch for cancels. Every call
+    writes its frame (a blocking channel also waits for an RPC's answer); pika's errors
+    become ours. Shared by :class:`Channel` and ``consuming.ConsumeChannel`` (a link's)."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
@@ -308,21 +327,10 @@ class Channel:
     def is_open(self) -> bool:
         return bool(self.raw.is_open)
 
-    @property
-    def close_reason(self) -> str:
-        """Why the channel closed (the broker's reply code and text, when it closed it)."""
-        reason = pikaext.close_reason(self.raw)  # pika keeps no public copy
-        return describe(reason) if reason is not None else "closed"
-
     def on_cancelled(self, callback: Callable[[str], None]) -> None:
         """``callback(consumer_tag)`` when the broker cancels one of our consumers
         (``basic.cancel``: its queue was deleted, or the node holding it went away)."""
         self.raw.add_on_cancel_callback(lambda frame: callback(str(frame.method.consumer_tag)))
-
-    def declare(self, the_plan: Plan) -> None:
-        """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""
-        with _io():
-            declare(self.raw, the_plan)
 
     def qos(self, prefetch: int) -> None:
         with _io():
@@ -330,20 +338,8 @@ class Channel:
 
     def consume(self, queue: str, on_message: OnMessage) -> str:
         """Start consuming ``queue`` with manual acks; returns the consumer tag."""
-
-        def deliver(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
-            props = from_pika(properties)
-            on_message(
-                method.delivery_tag,
-                _text(method.exchange, props, RAW_EXCHANGE),
-                _text(method.routing_key, props, RAW_ROUTING_KEY),
-                bool(method.redelivered),
-                props,
-                body,
-            )
-
         with _io():
-            return str(self.raw.basic_consume(queue, deliver))
+            return str(self.raw.basic_consume(queue, delivering(on_message)))
 
     def cancel(self, consumer_tag: str) -> None:
         with _io():
@@ -356,3 +352,19 @@ class Channel:
     def nack(self, delivery_tag: int, requeue: bool = True) -> None:
         with _io():
             self.raw.basic_nack(delivery_tag, requeue=requeue)
+
+
+class Channel(Consuming):
+    """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through
+    ``broker.confirms.ConfirmChannel``)."""
+
+    @property
+    def close_reason(self) -> str:
+        """Why the channel closed (the broker's reply code and text, when it closed it)."""
+        reason = pikaext.close_reason(self.raw)  # pika keeps no public copy
+        return describe(reason) if reason is not None else "closed"
+
+    def declare(self, the_plan: Plan) -> None:
+        """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""
+        with _io():
+            declare(self.raw, the_plan)

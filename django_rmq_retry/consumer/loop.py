@@ -15,39 +15,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections, connections
-
 from .. import broker
-from .. import hooks as _hooks
-from ..conf import app_settings, current_levels, current_names, current_plan
+from ..conf import app_settings, current_plan
 from ..core.backoff import CappedBackoff
-from ..core.budget import channel_lost, copy_refused
-from ..core.errors import (
-    AccessRefused,
-    BrokerUnavailable,
-    ConnectionLost,
-    MessageRefused,
-    TopologyError,
-)
-from ..core.logfields import attempt_of, fields
+from ..core.errors import BrokerUnavailable, ConnectionLost, MessageRefused, TopologyError
 from ..registry import Receiver
-from . import aio
-from .acks import AckBook
-from .actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
-from .delivery_limit import DeliveryLimit
-from .handler import Handler
-from .housekeeper import Housekeeper
-from .notifier import Notifier
-from .park_writer import ParkJob, ParkWriter
-from .pool import CANCELLED, HAND_BACK_SHARE, RUNNING, DaemonPool, HandBack, Job
-from .spare import SpareWindows
+from .actions import Delivery, PublishRetry
+from .dispatch import Dispatcher, Stats, _log_blocked
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -58,132 +36,18 @@ _OnSettled = Callable[[bool, bool], None]
 COPY_CONFIRM_WAIT = 30.0
 
 
-@dataclass
-class Stats:
-    handled: int = 0
-    retried: int = 0
-    parked: int = 0
-    released: int = 0
-    reconnects: int = 0
-
-    @property
-    def done(self) -> int:
-        return self.handled + self.retried + self.parked
-
-
-class Consumer:
+class Consumer(Dispatcher):
     """Consume the given receivers' queues until stopped (or a bounded run ends)."""
 
-    def __init__(
-        self,
-        receivers: Sequence[Receiver],
-        *,
-        prefetch: int | None = None,
-        threads: int | None = None,
-        max_messages: int | None = None,
-        max_idle_time: float | None = None,
-        fail_fast: bool = False,
-        consume_orphans: bool = True,
-        shutdown_timeout: float | None = None,
-        relay: bool = True,
-    ) -> None:
-        self.receivers = list(receivers)
-        self.names = current_names()
-        self.prefetch = int(prefetch or app_settings.PREFETCH)
-        self.threads = int(threads or app_settings.THREADS)
-        self.max_messages = max_messages
-        self.max_idle_time = max_idle_time
-        self.fail_fast = fail_fast
-        self.consume_orphans = consume_orphans
-        self.shutdown_timeout = float(
-            shutdown_timeout if shutdown_timeout is not None else app_settings.SHUTDOWN_TIMEOUT
-        )
-        self.stats = Stats()
-        self._stop = threading.Event()
-        self._generation = 0
+    def __init__(self, receivers: Sequence[Receiver], **options: Any) -> None:
+        super().__init__(receivers, **options)
         self._connection: broker.Connection | None = None
-        #: The URL of the connection lost last: a reconnect tries the next broker URL first.
-        self._lost_url: str | None = None
-        self._channel: Any = None  # broker.Channel while connected
         self._copies_connection: broker.Connection | None = None
         self._copies: broker.ConfirmChannel | None = None
         #: Retry copies published and not yet answered, in publish order, by the original's
         #: delivery tag: what to publish again one by one if the broker refuses one of them.
         self._copies_waiting: dict[int, tuple[Delivery, PublishRetry, _OnSettled]] = {}
         self._copies_due = 0.0  # when the copies' connection is pumped next without a copy
-        self._queue_by_tag: dict[str, str] = {}
-        self._cancelled: list[str] = []  # consumer tags the broker cancelled
-        #: The consume channel's deliveries not acked yet (``acks``): a new one per channel.
-        self._acks = AckBook()
-        #: Finished jobs on their way back to this thread, in batches (``pool.HandBack``).
-        self._done = HandBack(self.prefetch // HAND_BACK_SHARE, self._call_drain)
-        self._inflight: dict[int, Job] = {}
-        self._worker_local = threading.local()  # per receiver thread: when it last finished
-        self._last_activity = time.monotonic()
-        limits = DeliveryLimit(
-            self.names,
-            int(app_settings.DELIVERY_LIMIT),
-            broker_counts=str(app_settings.QUEUE_TYPE) == "quorum",
-        )
-        self._limits = limits
-        self._notifier = Notifier()
-        self.handler = Handler(
-            self.names,
-            current_levels(),
-            limits=limits,
-            landing_ms=int(app_settings.DELAY_LANDING_MS),
-            encode=_encoded,
-        )
-        # async def receivers run on an event loop of their own beside the threads (aio).
-        self._pool = aio.with_event_loop(
-            DaemonPool(
-                self.threads,
-                "rmq-receiver",
-                self._process,
-                self._hand_back_in_batch,
-                hold=self.handler.wait_before,
-                idle=self._done.idle,
-            ),
-            self.receivers,
-            self.handler,
-            self._hand_back,
-            concurrency=int(app_settings.ASYNC_CONCURRENCY),
-            is_current=lambda d: d.generation == self._generation,
-        )
-        self._parker = ParkWriter(
-            self.names,
-            on_batch_done=self._parked,
-            on_stored=limits.forget,
-            is_current=lambda d: d.generation == self._generation,
-            stop=self._stop,
-        )
-        #: Deliveries of this connection waiting for their parked row's commit, per queue.
-        self._parking: Counter[str] = Counter()
-        self._parking_lock = threading.Lock()
-        #: Spare consumers widening a queue's window while deliveries no receiver needs fill
-        #: it: retry copies held in the landing, rows waiting for their commit. Opt-in
-        #: (``SPARE_PREFETCH``): by default PREFETCH bounds what a queue's window holds.
-        self._spares = SpareWindows(self.prefetch, int(app_settings.SPARE_PREFETCH))
-        self._winding_down = False
-        self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
-        self._housekeeping_stop = threading.Event()
-        #: The outbox relay and the inbox purge (``None``: ``relay=False``).
-        self._housekeeper = Housekeeper(self._housekeeping_stop) if relay else None
-        #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
-        self._hooks = _hooks.current
-
-    # Public control -------------------------------------------------------------------------
-    def request_stop(self) -> None:
-        """Warm stop: safe to call from a signal handler (sets a flag, touches nothing else)."""
-        self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def running(self) -> int:
-        """Receivers running now: what a warm stop waits for (the command's stop notice)."""
-        return sum(1 for job in list(self._inflight.values()) if job.state is RUNNING)
 
     def run(self) -> Stats:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
@@ -198,21 +62,8 @@ class Consumer:
                     first = False
                     self._consume_until_stopped()
                     break
-                except TopologyError:
-                    raise
-                except BrokerUnavailable as exc:
-                    if first and (self.fail_fast or isinstance(exc, AccessRefused)):
-                        raise
-                    logger.error("%s; retrying in %.1fs", exc, backoff.current)
-                    self._abandon_connection(str(exc))
-                except ConnectionLost as exc:
-                    logger.error(
-                        "connection to RabbitMQ lost (%s); reconnecting in %.1fs",
-                        exc,
-                        backoff.current,
-                    )
-                    self._abandon_connection(str(exc))
-                self.stats.reconnects += 1
+                except (BrokerUnavailable, ConnectionLost, TopologyError) as exc:
+                    self._connect_failed(exc, first, backoff.current)
                 self._wait_to_reconnect(backoff.next())
         finally:
             self._close()
@@ -231,93 +82,32 @@ class Consumer:
 
     # Connection lifecycle -------------------------------------------------------------------
     def _connect_and_declare(self) -> None:
-        self._generation += 1
-        self._acks = AckBook()  # delivery tags start over on a new channel
-        self._spares.reset()
-        with self._parking_lock:
-            self._parking.clear()  # the old connection's rows are no longer counted
-        self._done.reset()  # a wake-up scheduled on the old connection is gone
+        self._new_generation()
         name = f"django-rmq-retry consumer {self.names.prefix} pid {os.getpid()}"
         self._connection = broker.connect(after=self._lost_url, name=name)
         self._connection.on_blocked(functools.partial(_log_blocked, "consumer"))
         channel = self._connection.channel()
         plan = current_plan(self.receivers, self.names)
         channel.declare(plan)
-        channel.qos(self.prefetch)
-        channel.on_cancelled(self._cancelled.append)
         self._copies_waiting.clear()
         self._open_copies()
-        broker.log_features()  # once per process: which of pika's internals we could use
-        self._channel = channel
-        self._queue_by_tag = {}
-        self._cancelled.clear()
-        queues = list(self._by_queue)
-        if self.consume_orphans:  # and, with quorum queues, what the broker dead-lettered
-            queues.extend(plan.parking_queues)
-        for queue_name in queues:
-            self._consume(queue_name)
-        logger.info(
-            "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
-            len(queues),
-            broker.mask_url(self._connection.url),
-            self.prefetch,
-            self.threads,
-        )
-
-    def _consume(self, queue_name: str) -> None:
-        tag = self._channel.consume(queue_name, self._on_message(queue_name, self._generation))
-        self._queue_by_tag[tag] = queue_name
+        self._start_consuming(channel, plan, self._connection.url)
 
     def _resume_cancelled(self) -> None:
-        """The broker cancelled consumers (``basic.cancel``): their queue was deleted, or the
-        node holding it went away. Declare the topology again and consume them again; a
-        queue that cannot be declared raises (reconnect, or exit if it conflicts)."""
-        tags, self._cancelled[:] = list(self._cancelled), []
-        for tag in tags:
-            self._spares.forget(tag)  # a spare is not resumed: the next pump decides again
-        queues = [self._queue_by_tag.pop(tag) for tag in tags if tag in self._queue_by_tag]
-        if not queues or self._stop.is_set():
-            return
-        logger.error(
-            "RabbitMQ cancelled the consumer of %s (queue deleted, or its node went down); "
-            "declaring the topology again and resuming",
-            ", ".join(queues),
-        )
-        self._channel.declare(current_plan(self.receivers, self.names))
+        """Declare the topology again and consume the queues whose consumers the broker
+        cancelled; a queue that cannot be declared raises (reconnect, or exit)."""
+        queues = self._cancelled_queues()
+        if queues:
+            self._channel.declare(current_plan(self.receivers, self.names))
         for queue_name in queues:
             self._consume(queue_name)
-
-    def _abandon_connection(self, why: str) -> None:
-        """Forget a dead connection; unacked deliveries return to their queues by themselves.
-
-        Each one a receiver already started is a give-back: its cause is noted for the
-        delivery limit (a channel the broker keeps closing must not loop for ever).
-        """
-        self._generation += 1
-        for job in list(self._inflight.values()):
-            if not self._pool.cancel(job):
-                self._limits.note(job.delivery, channel_lost(why))
-        self._inflight.clear()
-        if self._connection is not None:
-            self._lost_url = self._connection.url  # the next connection tries another node
-        self._close_connections()
-        self._channel = self._copies = None
 
     def _close_connections(self) -> None:
         for conn in (self._connection, self._copies_connection):
             if conn is not None:
                 conn.close()
         self._connection = self._copies_connection = None
-
-    def _close(self) -> None:
-        self._housekeeping_stop.set()
-        if self._housekeeper is not None:
-            self._housekeeper.join(timeout=self.shutdown_timeout)
-        self._pool.shutdown()
-        self._parker.close()
-        self._notifier.close()
-        self._close_connections()
-        connections.close_all()
+        self._copies = None
 
     def _open_copies(self) -> None:
         """A confirm channel for retry copies, on a connection of their own (reconnected if
@@ -379,37 +169,7 @@ class Consumer:
             )
         if self._cancelled:
             self._resume_cancelled()
-        with self._parking_lock:
-            parking = self._parking.total()
-        if self._spares.worth_deciding(self._pool.held + parking):
-            self._adjust_spares()
-
-    def _adjust_spares(self) -> None:
-        """Start or cancel spare consumers as the landing's held copies call for
-        (``consumer/spare.py``). Runs on the connection's thread, after a pump."""
-        if self._stop.is_set() or self._winding_down:
-            return
-        now = time.monotonic()
-        with self._parking_lock:
-            waiting = self._parking + Counter(self._pool.held_by_queue())
-        moves = self._spares.decide(waiting, now)
-        for tag in moves.cancel:
-            queue = self._spares.forget(tag)
-            logger.debug("cancelling the spare consumer of %s: nothing waits there", queue)
-            self._channel.cancel(tag)
-        for queue in moves.start:
-            logger.debug(
-                "deliveries no receiver needs (retry copies held, rows being parked) fill "
-                "the window of %s: a spare consumer (prefetch %d)",
-                queue,
-                self._spares.spare_prefetch,
-            )
-            # A per-consumer prefetch applies to consumers started after it: set it for the
-            # spare alone, then put it back for any consumer resumed later.
-            self._channel.qos(self._spares.spare_prefetch)
-            tag = self._channel.consume(queue, self._on_message(queue, self._generation))
-            self._channel.qos(self.prefetch)
-            self._spares.started(queue, tag, now)
+        self._check_spares()
 
     # Main loop ------------------------------------------------------------------------------
     def _consume_until_stopped(self) -> None:
@@ -420,113 +180,21 @@ class Consumer:
             self._pump(0.05 if self._inflight else 0.25)
             if hooks is not None:  # consuming every queue (_pump resumes a cancelled one)
                 hooks.loop_tick(True)
-            if self.max_messages is not None and self.stats.done >= self.max_messages:
-                logger.info("processed %d message(s); stopping (--max-messages)", self.stats.done)
-                break
-            if (
-                self.max_idle_time is not None
-                and not self._inflight
-                and time.monotonic() - self._last_activity >= self.max_idle_time
-            ):
-                logger.info("idle for %.1fs; stopping (--max-idle-time)", self.max_idle_time)
+            if self._bounded_run_over():
                 break
         self._warm_shutdown()
 
     def _warm_shutdown(self) -> None:
         """Stop consuming, let in-flight receivers finish and act on them, then return."""
-        self._winding_down = True  # no spare consumer starts from here on
-        if self._hooks is not None:
-            self._hooks.loop_tick(False)  # stopping: not ready any more
-        for consumer_tag in [*self._queue_by_tag, *self._spares.tags.values()]:
-            try:
-                self._channel.cancel(consumer_tag)
-            except ConnectionLost:
-                return
-        # Deliveries whose receiver has not started go back to the queue untouched.
-        for job in list(self._inflight.values()):
-            self._pool.cancel(job)
+        if not self._begin_warm_shutdown():
+            return
         deadline = time.monotonic() + self.shutdown_timeout
         while self._inflight and time.monotonic() < deadline:
             self._pump(0.05)
-            if self._hooks is not None:
-                self._hooks.loop_tick(False)
-            for delivery_tag, job in list(self._inflight.items()):
-                if job.state is CANCELLED:
-                    self._inflight.pop(delivery_tag, None)
+            self._still_waiting()
         if self._inflight:
-            logger.warning(
-                "%d receiver(s) still running after %.0fs; their messages will be redelivered",
-                len(self._inflight),
-                self.shutdown_timeout,
-            )
+            self._log_unfinished()
         self._close_connections()
-
-    # Deliveries (connection thread) ---------------------------------------------------------
-    def _on_message(self, queue_name: str, generation: int) -> broker.connection.OnMessage:
-        receiver = self._by_queue.get(queue_name)
-
-        def on_message(
-            tag: int,
-            exchange: str,
-            routing_key: str,
-            redelivered: bool,
-            properties: dict[str, Any],
-            body: bytes,
-        ) -> None:
-            if generation != self._generation:
-                return  # a closed channel's: the broker has it back already
-            self._acks.delivered(tag)  # never covered by a multiple ack until settled
-            self._last_activity = time.monotonic()
-            if self._stop.is_set():
-                return  # not acked: goes back to the queue when we close
-            if (
-                self.max_messages is not None
-                and self.stats.done + len(self._inflight) >= self.max_messages
-            ):
-                return  # a bounded run takes no more than it was asked to
-            job = Job(
-                Delivery(
-                    queue_name,
-                    receiver,
-                    exchange,
-                    routing_key,
-                    redelivered,
-                    properties,
-                    body,
-                    tag,
-                    generation,
-                )
-            )
-            self._inflight[tag] = job
-            self._pool.submit(job)
-
-        return on_message
-
-    def _hand_back(self, job: Job) -> None:
-        """The event loop of ``async def`` receivers → connection thread: wakes it now."""
-        if self._outcome(job):
-            self._done.put(job, now=True)
-
-    def _hand_back_in_batch(self, job: Job) -> None:
-        """Receiver thread → connection thread, which wakes once per batch (``HandBack``)."""
-        if self._outcome(job):
-            self._done.put(job)
-
-    def _outcome(self, job: Job) -> bool:
-        """Whether the connection's thread settles ``job``: not if it was cancelled, is of
-        a connection gone, or is a row to park (that goes to the parking thread now)."""
-        if job.state is CANCELLED:
-            return False
-        delivery = job.delivery
-        if self._connection is None or delivery.generation != self._generation:
-            return False
-        if isinstance(job.action, StorePark):
-            # Straight to the parking thread: the connection's thread has nothing to do with
-            # it until the row is committed. Through it, each parked message would cost one
-            # more hand-off and wake-up.
-            self._submit_park(delivery, job.action)
-            return False
-        return True
 
     def _call_drain(self) -> None:
         """Any thread: run :meth:`_drain` on the connection's thread."""
@@ -537,96 +205,6 @@ class Consumer:
             conn.call_threadsafe(self._drain)
         except ConnectionLost:  # connection already gone: its deliveries will be redelivered
             logger.debug("could not wake the connection's thread", exc_info=True)
-
-    def _drain(self) -> None:
-        """Connection thread: settle every finished delivery.
-
-        The ack book (``acks``) turns what settled into the fewest frames: a tag still
-        running, waiting for its retry copy's confirm or its parked row's commit, or skipped
-        at shutdown is never covered by a multiple ack.
-        """
-        settled_keys: list[str | None] = []
-        for job in self._done.take():
-            delivery = job.delivery
-            if delivery.generation != self._generation:
-                continue
-            self._last_activity = time.monotonic()
-            try:
-                action = job.result()
-            except BaseException:  # a bug of ours must not stop the loop: give it back
-                logger.exception(
-                    "internal error handling delivery %s; releasing it",
-                    delivery.tag,
-                    extra=self._fields(delivery),
-                )
-                action = Release(cause="an internal error of the consumer")
-            if isinstance(action, Ack):
-                self._inflight.pop(delivery.tag, None)
-                self._acks.ack(delivery.tag)
-                settled_keys.append(action.start_key)
-                if action.kind == "parked":
-                    self.stats.parked += 1
-                else:
-                    self.stats.handled += 1
-                if self._hooks is not None:
-                    _settled(
-                        self._hooks, delivery, "parked" if action.kind == "parked" else "acked"
-                    )
-            elif isinstance(action, Release):
-                self._inflight.pop(delivery.tag, None)
-                self._acks.nack(delivery.tag, requeue=True)
-                self._limits.note(delivery, action.cause)
-                self.stats.released += 1
-                if self._hooks is not None:
-                    _settled(self._hooks, delivery, "released")
-            elif isinstance(action, StorePark):  # (workers hand these over directly)
-                self._submit_park(delivery, action)
-            else:
-                self._publish_retry(delivery, action)
-        self._flush_acks()
-        if any(settled_keys):
-            self._notifier.submit(functools.partial(self._limits.forget, settled_keys))
-
-    def _submit_park(self, delivery: Delivery, action: StorePark) -> None:
-        """Any thread: the parking thread commits the row. The delivery stays in flight and
-        unsettled until it reports the commit (:meth:`_parked`). Counted meanwhile: a
-        flood of parks fills the window with rows waiting for a commit, and an opt-in
-        spare consumer may widen it (``spare.py``)."""
-        with self._parking_lock:
-            if delivery.generation == self._generation:
-                self._parking[delivery.queue] += 1
-        self._parker.submit(ParkJob(delivery, action.request, action.start_key, action.log_line))
-
-    def _parked(self, results: list[tuple[Delivery, bool]]) -> None:
-        """Parking thread: one commit's rows, stored (ack) or given up (give back), handed
-        back with one wake-up. Delivered together, they leave as one multiple ack."""
-        with self._parking_lock:
-            for delivery, _stored in results:
-                if delivery.generation == self._generation and self._parking[delivery.queue] > 0:
-                    self._parking[delivery.queue] -= 1
-                    if not self._parking[delivery.queue]:
-                        del self._parking[delivery.queue]
-        jobs: list[Job] = []
-        for delivery, stored in results:
-            job = Job(delivery)
-            job.finish(
-                Ack("parked") if stored else Release(cause="its row could not be parked"), None
-            )
-            if self._outcome(job):
-                jobs.append(job)
-        self._done.put_batch(jobs)
-
-    def _flush_acks(self) -> None:
-        """Connection thread: send what settled since the last flush, nacks first
-        (``acks``). A channel the broker closed is left alone: the pump says why, and the
-        broker has its deliveries back."""
-        if not self._acks.pending or not self._channel.is_open:
-            return
-        for frame in self._acks.flush():
-            if frame.nack:
-                self._channel.nack(frame.tag, requeue=frame.requeue)
-            else:
-                self._channel.ack(frame.tag, multiple=frame.multiple)
 
     def _publish_retry(self, delivery: Delivery, action: PublishRetry) -> None:
         """Publish the retry copy; ack the original only once the broker confirmed the copy.
@@ -639,25 +217,7 @@ class Consumer:
             if generation != self._generation:
                 return  # the connection was replaced: the original is redelivered
             self._copies_waiting.pop(delivery.tag, None)
-            self._inflight.pop(delivery.tag, None)
-            if not ok:
-                logger.error(
-                    "retry copy of %s was not accepted by the broker (%s); the original "
-                    "returns to its queue",
-                    delivery.properties.get("message_id"),
-                    why,
-                    extra=self._fields(delivery),
-                )
-                self._limits.note(delivery, copy_refused(why))
-                self._acks.nack(delivery.tag, requeue=True)  # sent later in this pump
-                if self._hooks is not None:
-                    _settled(self._hooks, delivery, "retry_refused")
-                return
-            self._acks.ack(delivery.tag)  # sent later in this pump
-            self.stats.retried += 1
-            if self._hooks is not None:
-                _settled(self._hooks, delivery, "retried")
-            self._notifier.submit(functools.partial(self._after_retry, action))
+            self._copy_settled(delivery, action, ok, why)
 
         def on_settled(acked: bool, returned: bool) -> None:
             # Inside pika's frame callback, which must not re-enter the blocking connection
@@ -686,18 +246,6 @@ class Consumer:
 
     def _copies_refused(self) -> bool:
         return self._copies is not None and self._copies.refusal is not None
-
-    def _park_refused(self, delivery: Delivery, action: PublishRetry, why: str) -> None:
-        """The broker refuses this retry copy for what it carries: park the original with
-        the broker's reason (once its row is committed it is acked), never give it back to
-        run its receiver again, never drop the consumer's connection over it."""
-        logger.error(
-            "retry copy of %s is refused by the broker (%s); parking the original",
-            delivery.properties.get("message_id"),
-            why,
-            extra=self._fields(delivery),
-        )
-        self._submit_park(delivery, self.handler.park_refused_copy(delivery, why, action.start_key))
 
     def _find_refused_copy(self, why: str) -> None:
         """The broker closed the copies' channel (or their connection) over what one copy
@@ -754,62 +302,7 @@ class Consumer:
             self._park_refused(delivery, action, refusal)
         self._open_copies()  # the last one may have been the culprit
 
-    def _after_retry(self, action: PublishRetry) -> None:
-        """Notifier thread: the original is acked; stop counting it, tell the handlers."""
-        self._limits.forget([action.start_key])
-        action.announce()
-
-    def _fields(self, delivery: Delivery) -> dict[str, Any]:
-        """The message fields of a log record about ``delivery`` (``core.logfields``)."""
-        rec = delivery.receiver
-        headers = delivery.properties.get("headers")
-        return fields(
-            rec.name if rec is not None else delivery.queue,
-            delivery.queue,
-            delivery.properties,
-            attempt_of(headers, self.names.header("attempt")),
-        )
-
-    # Worker side ---------------------------------------------------------------------------
-    def _process(self, d: Delivery) -> Action:
-        if d.generation != self._generation:
-            return Release()
-        # Django's per-request hygiene, as around a request: drop a connection that is broken
-        # or past CONN_MAX_AGE. After every delivery; before one only after an idle second
-        # (the check after the previous delivery covers a busy stream, and costs little).
-        local = self._worker_local
-        if time.monotonic() - getattr(local, "finished", 0.0) > 1.0:
-            close_old_connections()
-        try:
-            return self.handler.handle(d)
-        finally:
-            close_old_connections()
-            local.finished = time.monotonic()
-
 
 def _on_wire(action: PublishRetry) -> Any:
     """A retry copy's properties as the handler encoded them (else as a mapping)."""
     return action.properties if action.wire is None else action.wire
-
-
-def _encoded(properties: Any) -> broker.Encoded:
-    """A copy's properties as its content-header frame carries them (measured, then sent)."""
-    return broker.Encoded(broker.encode_properties(properties), properties.get("message_id"))
-
-
-def _settled(hooks: _hooks.Hooks, delivery: Delivery, outcome: str) -> None:
-    rec = delivery.receiver
-    hooks.settled(rec.name if rec is not None else delivery.queue, delivery.queue, outcome)
-
-
-def _log_blocked(which: str, blocked: bool, reason: str) -> None:
-    """A memory or disk alarm blocked (or released) a connection's publishes: say so."""
-    if blocked:
-        logger.warning(
-            "RabbitMQ blocked the %s connection (%s): a memory or disk alarm; its publishes "
-            "wait until it clears",
-            which,
-            reason or "no reason given",
-        )
-    else:
-        logger.warning("RabbitMQ unblocked the %s connection", which)
