@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_rmq_retry import Retry, Topic
-from django_rmq_retry.consumer.loop import Consumer
+from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL, rabbitmqctl_cmd, wait_for

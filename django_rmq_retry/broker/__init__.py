@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .confirms import BatchOutcome, ConfirmChannel, Outgoing, Pipeline, settled_reason
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
+    from .consuming import ConsumeChannel
+    from .headerguard import decoding
     from .links import Link, asyncio_link, select_link
     from .pikaext import log_features
     from .window import ConfirmWindow
@@ -37,6 +39,8 @@ _WHERE = {
     "connect": "connection",
     "connection_parameters": "connection",
     "mask_url": "connection",
+    "ConsumeChannel": "consuming",
+    "decoding": "headerguard",
     "Link": "links",
     "asyncio_link": "links",
     "select_link": "links",
@@ -53,6 +57,7 @@ __all__ = [
     "ConfirmChannel",
     "ConfirmWindow",
     "Connection",
+    "ConsumeChannel",
     "Encoded",
     "Link",
     "Outgoing",
@@ -61,6 +66,7 @@ __all__ = [
     "connect",
     "connection_parameters",
     "decode_properties",
+    "decoding",
     "encode_properties",
     "log_features",
     "mask_url",
