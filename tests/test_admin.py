@@ -21,9 +21,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_rmq_retry.admin import ParkedMessageAdmin
-from django_rmq_retry.admin import parked_actions as admin_module
 from django_rmq_retry.admin.preview import body_preview, hex_dump
-from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus, RetryPolicy
+from django_rmq_retry.models import (
+    OperationState,
+    ParkedClaim,
+    ParkedMessage,
+    ParkedStatus,
+    RequeueOperation,
+    RetryPolicy,
+)
+from django_rmq_retry.parking import operations
 from tests.conftest import wait_for
 from tests.testapp.events import work
 
@@ -304,6 +311,19 @@ def test_body_preview_shows_compressed_bodies_inflated():
 # Actions against the real broker
 
 
+def step_until_sent(op_id: int) -> RequeueOperation:
+    """Step operation ``op_id`` in this process until every row of it was sent, refused or
+    skipped (what follows is waiting for outcomes, which these tests do not report)."""
+
+    def sent() -> bool:
+        operations.advance_due(only=op_id)
+        op = RequeueOperation.objects.get(pk=op_id)
+        return op.sent + op.refused + op.skipped == op.total
+
+    assert wait_for(sent, 60, interval=0.1)
+    return RequeueOperation.objects.get(pk=op_id)
+
+
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
 def test_requeue_selected_publishes_to_the_failed_receiver_only_then_marks_the_row(rmq, client):
@@ -316,10 +336,20 @@ def test_requeue_selected_publishes_to_the_failed_receiver_only_then_marks_the_r
 
     client.force_login(operator("requeue_parkedmessage"))
     response = post_action(client, "requeue_selected", [row.pk], url=changelist_url(receiver=ALPHA))
-    assert texts(response) == [("success", "Requeued 1 message to the receiver it failed in.")]
+    op = RequeueOperation.objects.get()
+    assert texts(response) == [
+        (
+            "success",
+            f"Operation #{op.pk} started: 1 message will be requeued to the receiver it "
+            "failed in by the consumers, in the background.",
+        )
+    ]
+    assert rmq.depth(rmq.queue("alpha")) == 0  # the request sent nothing
+    op = step_until_sent(op.pk)
+    assert op.sent == 1
     row.refresh_from_db()
     assert row.status == ParkedStatus.REQUEUED
-    assert (row.status_changed_by, row.requeue_count) == ("op", 1)
+    assert (row.status_changed_by, row.requeue_count) == (f"op (operation #{op.pk})", 1)
 
     got = rmq.get_all(rmq.queue("alpha"))
     assert len(got) == 1
@@ -329,23 +359,27 @@ def test_requeue_selected_publishes_to_the_failed_receiver_only_then_marks_the_r
     h = rmq.names.header
     assert props.headers[h("requeued")] == 1
     assert props.headers[h("parked-id")] == str(row.pk)
+    assert props.headers[h("operation")] == str(op.pk)
     assert h("attempt") not in props.headers
     assert rmq.depth(rmq.queue("beta")) == 0  # the sibling that succeeded gets nothing
 
     entry = LogEntry.objects.get()
     assert entry.user.username == "op"
     assert entry.object_id == str(row.pk)
-    assert "Requeued: 1 requeued, 0 failed" in entry.change_message
+    assert f"Started requeue operation #{op.pk} (1 rows)." in entry.change_message
     assert f"receiver={ALPHA}" in entry.change_message
 
     # A second click (or a second operator) does nothing to the same row.
     response = post_action(client, "requeue_selected", [row.pk])
     assert texts(response)[0][0] == "warning"
+    second = RequeueOperation.objects.latest("pk")
+    assert (second.total, second.state) == (0, OperationState.DONE)
+    assert operations.advance_due(only=second.pk) == 0  # nothing to run
     assert rmq.depth(rmq.queue("alpha")) == 0
 
 
 @pytest.mark.broker
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_unroutable_rows_stay_parked_and_errors_show_no_traceback(rmq, client):
     """Republishing to a topic nobody is bound to any more: the broker returns the message."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
@@ -362,24 +396,30 @@ def test_unroutable_rows_stay_parked_and_errors_show_no_traceback(rmq, client):
         },
         follow=True,
     )
-    shown = texts(response)
-    assert shown[0] == ("success", "Republished 1 message to ALL receivers of its topic.")
-    assert shown[1][0] == "error"
-    assert shown[1][1].startswith("2 messages could not be published and stay parked: #")
-    assert "no queue is bound for routing key 'test.nobody-listens'" in shown[1][1]
-    assert "Traceback" not in response.content.decode()
+    op = RequeueOperation.objects.get()
+    assert texts(response)[0] == (
+        "success",
+        f"Operation #{op.pk} started: 3 messages will be republished to ALL receivers of "
+        "their topics by the consumers, in the background.",
+    )
+    op = step_until_sent(op.pk)
+    assert (op.mode, op.sent, op.refused) == ("topic", 1, 2)
     for row in lost:
         row.refresh_from_db()
         assert (row.status, row.requeue_count) == (ParkedStatus.PARKED, 0)
     assert not ParkedClaim.objects.exists()  # the failed ones were let go
     ok.refresh_from_db()
     assert ok.status == ParkedStatus.REQUEUED
-    assert "1 requeued, 2 failed" in LogEntry.objects.get().change_message
+    page = client.get(reverse("admin:django_rmq_retry_requeueoperation_change", args=[op.pk]))
+    assert page.status_code == 200
+    assert "Traceback" not in page.content.decode()
+    assert "ALL receivers" in LogEntry.objects.get().change_message
 
 
 @pytest.mark.broker
-@pytest.mark.django_db
-def test_broker_down_leaves_rows_parked_with_one_readable_error(rmq, client, settings):
+@pytest.mark.django_db(transaction=True)
+def test_broker_down_the_click_still_answers_and_the_step_leaves_rows_parked(rmq, client, settings):
+    """The request does not need the broker; the step that does says why it waits."""
     rows = rows_for(rmq, 3)
     settings.RMQ_RETRY = {
         **settings.RMQ_RETRY,
@@ -391,20 +431,27 @@ def test_broker_down_leaves_rows_parked_with_one_readable_error(rmq, client, set
     reset_publisher()
     client.force_login(operator("requeue_parkedmessage"))
     response = post_action(client, "requeue_selected", [r.pk for r in rows])
-    shown = texts(response)
-    errors = [text for level, text in shown if level == "error"]
-    assert errors, shown
-    assert any("cannot reach RabbitMQ" in text for text in errors), errors
-    html = response.content.decode()
+    op = RequeueOperation.objects.get()
+    assert texts(response)[0][0] == "success"
+    assert op.total == 3
+    operations.advance_due(only=op.pk)
+    op.refresh_from_db()
+    assert op.state == OperationState.RUNNING
+    assert op.state_reason.startswith("Broker unavailable, will retry:"), op.state_reason
+    assert "cannot reach RabbitMQ" in op.state_reason
+    assert "s3cret" not in op.state_reason
+    page = client.get(reverse("admin:django_rmq_retry_requeueoperation_change", args=[op.pk]))
+    html = page.content.decode()
     assert "s3cret" not in html and "Traceback" not in html
     statuses = set(ParkedMessage.objects.values_list("status", flat=True))
     assert statuses == {ParkedStatus.PARKED}
     assert not ParkedClaim.objects.exists()
-    assert "0 requeued" in LogEntry.objects.get().change_message
+    assert op.sent == 0
+    assert set(op.items.values_list("state", flat=True)) == {"pending"}  # the next step resumes
 
 
 @pytest.mark.broker
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_republish_to_topic_asks_first_then_reaches_every_receiver(rmq, client):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     (row,) = rows_for(rmq, 1)
@@ -417,6 +464,7 @@ def test_republish_to_topic_asks_first_then_reaches_every_receiver(rmq, client):
     assert "tests.testapp.consumers.alpha, tests.testapp.consumers.beta" in html
     row.refresh_from_db()
     assert row.status == ParkedStatus.PARKED  # nothing happened yet
+    assert not RequeueOperation.objects.exists()
     assert rmq.depth(rmq.queue("alpha")) == rmq.depth(rmq.queue("beta")) == 0
 
     confirmed = client.post(
@@ -429,7 +477,11 @@ def test_republish_to_topic_asks_first_then_reaches_every_receiver(rmq, client):
         },
         follow=True,
     )
-    assert texts(confirmed) == [("success", "Republished 1 message to ALL receivers of its topic.")]
+    op = RequeueOperation.objects.get()
+    assert texts(confirmed)[0][1].startswith(f"Operation #{op.pk} started: 1 message will be")
+    assert op.mode == "topic"
+    assert rmq.depth(rmq.queue("alpha")) == rmq.depth(rmq.queue("beta")) == 0
+    step_until_sent(op.pk)
     assert rmq.depth(rmq.queue("alpha")) == 1
     assert rmq.depth(rmq.queue("beta")) == 1
     row.refresh_from_db()
@@ -456,80 +508,38 @@ def test_discard_selected_marks_rows_and_writes_history(client):
 
 
 @pytest.mark.broker
-@pytest.mark.django_db
-def test_time_budget_stops_between_batches_and_a_rerun_finishes_without_duplicates(
-    rmq, client, monkeypatch, settings
-):
+@pytest.mark.django_db(transaction=True)
+def test_all_matching_is_sent_in_batches_by_steps_each_row_once(rmq, client, settings):
+    """What a click used to split by its time budget, the operation splits into steps of
+    ``BATCH_SIZE``: each step sends the next batch, nothing twice."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
     settings.RMQ_RETRY = {**settings.RMQ_RETRY, "BATCH_SIZE": 100}
-    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", 0)
     rows = rows_for(rmq, 250)
     client.force_login(operator("requeue_parkedmessage"))
     url = changelist_url(receiver=ALPHA)
+    post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True)
+    op = RequeueOperation.objects.get()
+    assert op.total == 250
     seen = []
-    for _run in range(3):
-        response = post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True)
-        seen.append(texts(response))
-    success = "Requeued {} messages to the receivers they failed in."
-    left = (
-        "Stopped after 0 s to keep this page responsive; {} matching messages are still "
-        "parked. Run the action again to continue (nothing is requeued twice), or use "
-        "manage.py rmq_requeue."
-    )
-    assert seen == [
-        [("success", success.format(100)), ("warning", left.format(150))],
-        [("success", success.format(100)), ("warning", left.format(50))],
-        [("success", success.format(50))],
-    ]
+    for _step in range(3):
+        assert operations.advance(op.pk) is not None
+        op.refresh_from_db()
+        seen.append(op.sent)
+    assert seen == [100, 200, 250]
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == 250
     assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= 250, 30)
     assert rmq.depth(rmq.queue("alpha")) == 250  # every row once, none twice
-    entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
-    assert len(entries) == 3
-    assert all("all rows matching the filter" in e for e in entries)
-    assert "stopped by the time budget with 150 left" in entries[0]
-    assert "stopped" not in entries[2]
-
-
-@pytest.mark.broker
-@pytest.mark.django_db
-def test_the_budget_keeps_a_reserve_for_the_end_and_the_count_left_is_capped(
-    rmq, client, monkeypatch, settings
-):
-    """A budget of 3 s with the default 5-s reserve gives the run no time of its own: it
-    stops at the first batch boundary (250 rows take well under 3 s, so without the reserve
-    it would requeue them all). What is left is counted up to the cap, as on the list."""
-    call_command("rmq_consume", setup_only=True, verbosity=0)
-    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "BATCH_SIZE": 100}
-    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", 3.0)
-    monkeypatch.setattr(admin_module, "COUNT_CAP", 120)
-    rows = rows_for(rmq, 250)
-    client.force_login(operator("requeue_parkedmessage"))
-    url = changelist_url(receiver=ALPHA)
-    first = texts(post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True))
-    second = texts(post_action(client, "requeue_selected", [rows[0].pk], url=url, across=True))
-    left = (
-        "Stopped after 3 s to keep this page responsive; {} matching messages are still "
-        "parked. Run the action again to continue (nothing is requeued twice), or use "
-        "manage.py rmq_requeue."
-    )
-    success = "Requeued {} messages to the receivers they failed in."
-    assert first == [("success", success.format(100)), ("warning", left.format("120+"))]
-    assert second == [("success", success.format(100)), ("warning", left.format(50))]
-    entries = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
-    assert "stopped by the time budget with 120+ left" in entries[0]
-    assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 50
-    assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= 200, 30)
-    assert rmq.depth(rmq.queue("alpha")) == 200  # each requeued row once
+    entry = LogEntry.objects.get()
+    assert "all rows matching the filter" in entry.change_message
 
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.django_db
-def test_requeue_all_matching_20k_rows_in_flat_memory(rmq, client, monkeypatch):
-    """Select-across hands parking.requeue a lazy queryset; it streams by pk in batches."""
+@pytest.mark.django_db(transaction=True)
+def test_requeue_all_matching_20k_rows_in_flat_memory(rmq, client):
+    """Select-across hands the operation a lazy queryset (one INSERT ... SELECT of ids);
+    its steps stream the rows by pk in batches."""
     call_command("rmq_consume", setup_only=True, verbosity=0)
-    monkeypatch.setattr(ParkedMessageAdmin, "requeue_time_budget", None)
     n = 20_000
     body = json.dumps({"pad": "x" * 2000}).encode()
     rows = rows_for(rmq, n, body=body)
@@ -540,13 +550,16 @@ def test_requeue_all_matching_20k_rows_in_flat_memory(rmq, client, monkeypatch):
     tracemalloc.start()
     started = time.monotonic()
     try:
-        response = post_action(
+        post_action(
             client,
             "requeue_selected",
             [rows[0].pk],
             url=changelist_url(receiver=ALPHA),
             across=True,
         )
+        op = RequeueOperation.objects.get()
+        assert op.total == n
+        step_until_sent(op.pk)
         _current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -556,9 +569,6 @@ def test_requeue_all_matching_20k_rows_in_flat_memory(rmq, client, monkeypatch):
         f"\nadmin requeue of {n} rows ({bodies_mib:.0f} MiB of bodies): {elapsed:.1f} s "
         f"under tracemalloc, peak traced memory {peak_mib:.1f} MiB"
     )
-    assert texts(response) == [
-        ("success", f"Requeued {n} messages to the receivers they failed in.")
-    ]
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
     assert rmq.depth(rmq.queue("alpha")) == n
     # Loading every row would need at least the bodies' size; batches stay far below it.
@@ -822,12 +832,26 @@ def test_two_operators_requeueing_the_same_rows_at_once_never_publish_one_twice(
     for t in threads:
         t.join(120)
     assert len(results) == 2, results
-    requeued = 0
-    for shown in results:
-        for level, text in shown:
-            if level == "success":
-                requeued += int(text.split()[1])
-    assert requeued == n, results
+    assert all(shown[0][0] == "success" for shown in results), results
+    ops = list(RequeueOperation.objects.order_by("pk").values_list("pk", flat=True))
+    assert len(ops) == 2
+    assert rmq.depth(rmq.queue("alpha")) == 0  # neither click sent anything
+
+    # Two processes' worth of stepping, at once, over the same rows.
+    def step(op_id: int) -> None:
+        try:
+            step_until_sent(op_id)
+        finally:
+            connections.close_all()
+
+    steppers = [threading.Thread(target=step, args=(op_id,)) for op_id in ops]
+    for t in steppers:
+        t.start()
+    for t in steppers:
+        t.join(120)
+    done = RequeueOperation.objects.filter(pk__in=ops)
+    assert sum(op.sent for op in done) == n  # the claims let each row out once
+    assert all(op.sent + op.skipped == n for op in done), [(o.sent, o.skipped) for o in done]
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
     assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) >= n, 30)
     assert rmq.depth(rmq.queue("alpha")) == n

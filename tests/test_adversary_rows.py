@@ -28,7 +28,8 @@ from django.utils import timezone
 
 from django_rmq_retry import Topic, parking, signals
 from django_rmq_retry.conf import current_names
-from django_rmq_retry.models import ParkedClaim, ParkedMessage
+from django_rmq_retry.models import ParkedClaim, ParkedMessage, RequeueOperation
+from django_rmq_retry.parking import operations
 from tests.conftest import ROOT, read_log, start_consumer, subprocess_env, wait_for
 from tests.testapp.events import work
 
@@ -327,8 +328,9 @@ def test_requeue_memory_stays_flat_for_large_bodies(rmq):
 
 # Admin requeue and ATOMIC_REQUESTS -----------------------------------------------------------
 def test_admin_requeue_commits_its_marks_even_with_atomic_requests(rmq, client):
-    """With ATOMIC_REQUESTS the admin requeue still commits each row's mark before it returns:
-    another connection (a consumer meeting the requeued copy) sees the row requeued."""
+    """With ATOMIC_REQUESTS the admin's requeue still commits its operation before it returns
+    (another process steps it), and the step commits each row's mark as it goes: another
+    connection (a consumer meeting the requeued copy) sees the row requeued."""
     from django.contrib.auth.models import User
     from django.db import connection, connections
     from django.urls import reverse
@@ -367,10 +369,23 @@ def test_admin_requeue_commits_its_marks_even_with_atomic_requests(rmq, client):
             },
             follow=True,
         )
+        assert response.status_code == 200
+        # Another connection sees the operation the request started: it was committed.
+        ops: list[int] = []
+        worker = threading.Thread(
+            target=lambda: (
+                ops.extend(RequeueOperation.objects.values_list("total", flat=True)),
+                connections.close_all(),
+            )
+        )
+        worker.start()
+        worker.join(30)
+        assert ops == [1]
+        assert rmq.depth(rmq.queue("alpha")) == 0  # nothing sent by the request
+        assert operations.advance_due() == 1
     finally:
         connection.settings_dict["ATOMIC_REQUESTS"] = False
         signals.message_requeued.disconnect(look)
-    assert response.status_code == 200
     assert seen == [(False, "requeued")]
     assert rmq.depth(rmq.queue("alpha")) == 1
 

@@ -20,10 +20,11 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from django_rmq_retry import Topic
-from django_rmq_retry.models import ParkedMessage, ParkedStatus
+from django_rmq_retry.models import ParkedMessage, ParkedStatus, RequeueOperation
 from django_rmq_retry.registry import default_registry
 from testproject.shop.models import Invoice
 from tests.conftest import read_log
+from tests.test_admin import step_until_sent
 from tests.testapp.consumers import _log
 from tests.testapp.events import work
 
@@ -180,12 +181,24 @@ def test_operator_requeues_a_parked_message_from_the_admin(
     page.locator("#result_list input.action-select").first.check()
     page.select_option("select[name=action]", "requeue_selected")
     page.click("button[name=index]")
+    # The click starts a background operation and shows its page; a step (a consumer's
+    # housekeeping thread, here this process) sends the message.
     success = page.locator(".messagelist .success")
     success.wait_for()
-    assert success.inner_text() == "Requeued 1 message to the receiver it failed in."
+    op = RequeueOperation.objects.get()
+    assert success.inner_text() == (
+        f"Operation #{op.pk} started: 1 message will be requeued to the receiver it failed "
+        "in by the consumers, in the background."
+    )
+    assert page.inner_text("#content h1").startswith(f"Requeue operation #{op.pk}")
+    step_until_sent(op.pk)
+    page.goto(filtered_url)
     assert "Requeued" in page.inner_text("#result_list")
     receipt.refresh_from_db()
-    assert (receipt.status, receipt.status_changed_by) == (ParkedStatus.REQUEUED, "ops")
+    assert (receipt.status, receipt.status_changed_by) == (
+        ParkedStatus.REQUEUED,
+        f"ops (operation #{op.pk})",
+    )
 
     # 7. The receiver handles the requeued message (attempts reset: attempt 1 again).
     consume()

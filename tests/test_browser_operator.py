@@ -15,8 +15,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from tests.test_admin import operator, rows_for
+from django_rmq_retry.models import ParkedMessage, ParkedStatus, RequeueOperation
+from tests.test_admin import operator, rows_for, step_until_sent
 from tests.test_browser import SCREENSHOT_DIR, browser  # noqa: F401  (the fixture)
 
 pytestmark = [
@@ -84,12 +84,20 @@ def test_detail_page_has_buttons_seconds_who_and_short_names(
     assert page.evaluate("typeof window.__pwned") == "undefined"
     page.screenshot(path=str(where / "operator-detail.png"), full_page=True)
 
-    # Requeue from the detail page: the row is published and marked, by ops.
+    # Requeue from the detail page: an operation of this row, whose page the click shows;
+    # once a step sent it, the row is marked requeued, by ops through the operation.
     page.click("#rmq-requeue-one")
     page.locator(".messagelist .success").wait_for()
-    assert "Requeued 1 message" in page.inner_text(".messagelist")
+    op = RequeueOperation.objects.get()
+    assert f"Operation #{op.pk} started: 1 message" in page.inner_text(".messagelist")
+    assert list(op.items.values_list("parked_id", flat=True)) == [rows[0].pk]
+    step_until_sent(op.pk)
     rows[0].refresh_from_db()
-    assert (rows[0].status, rows[0].status_changed_by) == (ParkedStatus.REQUEUED, "ops")
+    assert (rows[0].status, rows[0].status_changed_by) == (
+        ParkedStatus.REQUEUED,
+        f"ops (operation #{op.pk})",
+    )
+    page.goto(f"{live_server.url}/admin/django_rmq_retry/parkedmessage/{rows[0].pk}/change/")
     assert page.locator("#rmq-requeue-one").count() == 0  # not parked any more
     assert "ops" in page.inner_text("#content")
 

@@ -240,6 +240,8 @@ def test_admin_shows_each_attempt_and_requeues_the_parked_task(admin_client):
     from django.contrib.admin import helpers
     from django.urls import reverse
 
+    from django_rmq_retry.parking import operations
+
     with InMemoryBroker() as broker:
         result = t.always_fails.enqueue("transient")
         broker.run_until_idle()
@@ -258,6 +260,8 @@ def test_admin_shows_each_attempt_and_requeues_the_parked_task(admin_client):
             reverse("admin:django_rmq_retry_parkedmessage_changelist"),
             {"action": "requeue_selected", helpers.ACTION_CHECKBOX_NAME: [row.pk]},
         )
+        # The admin started an operation; a step (a consumer's, here this process's) sends.
+        assert operations.advance_due() == 1
         broker.run_until_idle()
     assert [a for n, a, _x in t.RUNS if n == "always_fails"] == [1, 2, 3, 4]
     result.refresh()

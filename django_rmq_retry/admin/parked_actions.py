@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -22,36 +19,36 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from .. import parking
-from ..core.errors import RmqRetryError
-from ..models import ParkedMessage, ParkedStatus
+from ..models import ParkedMessage, ParkedStatus, RequeueOperation
 from ..parking import operations
 from ..registry import default_registry
 from .changelist import COUNT_CAP, _capped_count
-from .common import _filter_description, _outside_request_transactions, logger
+from .common import _filter_description, _outside_request_transactions
 from .requeue_operations import OperationForm
 
 
 class OperationsMixin(admin.ModelAdmin):
-    """The actions; each calls a :mod:`django_rmq_retry.parking` service."""
+    """The actions; each calls a :mod:`django_rmq_retry.parking` service.
 
-    #: Seconds a requeue action may take, the page's answer included: the run stops at a
-    #: batch boundary and reports what is left (running it again continues; nothing is
-    #: requeued twice). None: no limit. Keep it under your server's request timeout
-    #: (gunicorn's default is 30 s).
-    requeue_time_budget: float | None = 20.0
-    #: Seconds of that budget kept for what follows the run's deadline: the batches in
-    #: flight confirmed and marked, the claims released, the capped count of what is left.
-    #: Over a large table these take seconds: without the reserve a click would overrun its
-    #: budget by as much (see bench/README.md).
-    requeue_end_reserve: float = 5.0
+    Every requeue (to the receiver, to the topic, the detail page's button) starts a
+    background operation and shows its page: the web request writes the selection and
+    publishes nothing. The consumers' housekeeping thread (or ``manage.py
+    rmq_operations``) sends the messages, with the claims and confirms of any requeue,
+    while the page follows its progress and says when nothing steps it. No step runs in
+    the request, not even for one row: a step waits on the broker (connects, confirms,
+    nack pauses) for as long as the broker takes, which a page cannot promise to bound,
+    and a running consumer starts a due operation within a second anyway.
+    """
 
     # Actions --------------------------------------------------------------------------------
     @admin.action(
         description=_("Requeue selected (back to the receiver that failed)"),
         permissions=["requeue"],
     )
-    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[ParkedMessage]) -> None:
-        self._requeue(request, queryset, parking.MODE_RECEIVER)
+    def requeue_selected(
+        self, request: HttpRequest, queryset: QuerySet[ParkedMessage]
+    ) -> HttpResponseRedirect:
+        return self._start(request, queryset, parking.MODE_RECEIVER)
 
     @admin.action(
         description=_("Republish selected to ALL receivers of the topic…"),
@@ -59,10 +56,9 @@ class OperationsMixin(admin.ModelAdmin):
     )
     def republish_to_topic(
         self, request: HttpRequest, queryset: QuerySet[ParkedMessage]
-    ) -> TemplateResponse | None:
+    ) -> TemplateResponse | HttpResponseRedirect:
         if request.POST.get("confirm") == "yes":
-            self._requeue(request, queryset, parking.MODE_TOPIC)
-            return None
+            return self._start(request, queryset, parking.MODE_TOPIC)
         parked = queryset.filter(status=ParkedStatus.PARKED)
         routes = []
         for row in parked.values("routing_key").annotate(count=Count("id")).order_by("-count")[:50]:
@@ -114,12 +110,7 @@ class OperationsMixin(admin.ModelAdmin):
                 % {"id": op.pk, "count": op.total},
                 messages.SUCCESS,
             )
-            return HttpResponseRedirect(
-                reverse(
-                    f"{self.admin_site.name}:django_rmq_retry_requeueoperation_change",
-                    args=[op.pk],
-                )
-            )
+            return self._to_operation(op)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -152,12 +143,12 @@ class OperationsMixin(admin.ModelAdmin):
     @method_decorator(require_POST)
     @_outside_request_transactions
     def requeue_one_view(self, request: HttpRequest, object_id: str) -> HttpResponseRedirect:
-        """The detail page's Requeue button: the same service and claims as the action."""
+        """The detail page's Requeue button: an operation of one row, like the action."""
         if not self.has_requeue_permission(request):
             raise PermissionDenied
         row = get_object_or_404(ParkedMessage, pk=object_id)
-        self._requeue(request, ParkedMessage.objects.filter(pk=row.pk), parking.MODE_RECEIVER)
-        return self._back_to(row)
+        one = ParkedMessage.objects.filter(pk=row.pk)
+        return self._start(request, one, parking.MODE_RECEIVER, row)
 
     @method_decorator(require_POST)
     @_outside_request_transactions
@@ -181,41 +172,78 @@ class OperationsMixin(admin.ModelAdmin):
     def has_discard_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_rmq_retry.discard_parkedmessage")
 
-    def _requeue(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], mode: str) -> None:
-        budget = self.requeue_time_budget
-        deadline = (
-            None
-            if budget is None
-            else time.monotonic() + max(0.0, budget - self.requeue_end_reserve)
+    def _start(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[ParkedMessage],
+        mode: str,
+        row: ParkedMessage | None = None,
+    ) -> HttpResponseRedirect:
+        """Start a background operation over the selection (every message once, no canary,
+        no pause between batches) and show its page."""
+        topic = mode == parking.MODE_TOPIC
+        op = operations.create(
+            queryset,
+            user=request.user.get_username(),
+            description=_filter_description(request),
+            mode=mode,
+            stop_on_failure=False,  # "requeue these" means all of them, as before
         )
-        broker_error: str | None = None
-        try:
-            result = parking.requeue(
-                queryset, user=request.user.get_username(), mode=mode, deadline=deadline
-            )
-        except RmqRetryError as exc:
-            # The broker went away: confirmed rows are marked, the rest were released.
-            logger.exception("requeue from the admin stopped")
-            result = parking.RequeueResult()
-            if isinstance(exc, parking.RequeueInterrupted):
-                result = exc.partial
-            broker_error = str(exc)
-        # What is left, counted as the list counts: an uncapped count after a large requeue
-        # walks the rows it just updated (seconds over a large table; see bench/README.md).
-        remaining = (
-            _capped_count(queryset.filter(status=ParkedStatus.PARKED), COUNT_CAP)
-            if result.stopped
-            else 0
-        )
-        report = _RequeueReport(result, mode == parking.MODE_TOPIC, broker_error, remaining, budget)
-        for level, text in report.messages():
-            self.message_user(request, text, level)
-        self._log(request, queryset, report.summary())
+        verb = "republish to ALL receivers of the topic" if topic else "requeue"
+        self._log(request, queryset, f"Started {verb} operation #{op.pk} ({op.total} rows).", row)
+        self._tell_started(request, op, topic)
+        return self._to_operation(op)
 
-    def _log(self, request: HttpRequest, queryset: QuerySet[ParkedMessage], text: str) -> None:
-        """One admin-history entry per operator action: who, how many, which selection."""
+    def _tell_started(self, request: HttpRequest, op: RequeueOperation, topic: bool) -> None:
+        if op.total == 0:
+            self.message_user(
+                request,
+                gettext(
+                    "Operation #%(id)d: nothing to requeue, none of the selected messages "
+                    "is parked."
+                )
+                % {"id": op.pk},
+                messages.WARNING,
+            )
+            return
+        if topic:
+            text = ngettext(
+                "Operation #%(id)d started: %(count)d message will be republished to ALL "
+                "receivers of its topic by the consumers, in the background.",
+                "Operation #%(id)d started: %(count)d messages will be republished to ALL "
+                "receivers of their topics by the consumers, in the background.",
+                op.total,
+            )
+        else:
+            text = ngettext(
+                "Operation #%(id)d started: %(count)d message will be requeued to the "
+                "receiver it failed in by the consumers, in the background.",
+                "Operation #%(id)d started: %(count)d messages will be requeued to the "
+                "receivers they failed in by the consumers, in the background.",
+                op.total,
+            )
+        self.message_user(request, text % {"id": op.pk, "count": op.total}, messages.SUCCESS)
+
+    def _to_operation(self, op: RequeueOperation) -> HttpResponseRedirect:
+        return HttpResponseRedirect(
+            reverse(
+                f"{self.admin_site.name}:django_rmq_retry_requeueoperation_change", args=[op.pk]
+            )
+        )
+
+    def _log(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[ParkedMessage],
+        text: str,
+        row: ParkedMessage | None = None,
+    ) -> None:
+        """One admin-history entry per operator action: who, how many, which selection
+        (``row``: the one of a detail page's button)."""
         across = request.POST.get("select_across") == "1"
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if row is not None:
+            selected = [str(row.pk)]
         if across:
             selection = "all rows matching the filter"
         else:
@@ -231,82 +259,3 @@ class OperationsMixin(admin.ModelAdmin):
             action_flag=CHANGE,
             change_message=message,
         )
-
-
-@dataclass(frozen=True)
-class _RequeueReport:
-    """What an operator is told after a requeue action, and what the admin log keeps."""
-
-    result: parking.RequeueResult
-    topic: bool  # republished to every receiver of the topic
-    broker_error: str | None
-    remaining: int  # matching rows still parked when the time budget stopped the run
-    budget: float | None
-
-    @property
-    def stopped(self) -> bool:
-        return self.result.stopped and self.remaining > 0
-
-    def messages(self) -> list[tuple[int, str]]:
-        result, n = self.result, self.result.requeued
-        out: list[tuple[int, str]] = []
-        if n or not (result.failed or self.broker_error):
-            if not n and not result.stopped:
-                text = gettext("Nothing was requeued: none of the selected messages is parked.")
-            elif self.topic:
-                text = ngettext(
-                    "Republished %(count)d message to ALL receivers of its topic.",
-                    "Republished %(count)d messages to ALL receivers of their topics.",
-                    n,
-                ) % {"count": n}
-            else:
-                text = ngettext(
-                    "Requeued %(count)d message to the receiver it failed in.",
-                    "Requeued %(count)d messages to the receivers they failed in.",
-                    n,
-                ) % {"count": n}
-            out.append((messages.SUCCESS if n else messages.WARNING, text))
-        if result.failed:
-            text = ngettext(
-                "%(count)d message could not be published and stays parked: %(errors)s",
-                "%(count)d messages could not be published and stay parked: %(errors)s",
-                result.failed,
-            ) % {"count": result.failed, "errors": "; ".join(result.errors[:3])}
-            out.append((messages.ERROR, text))
-        if self.broker_error:
-            text = _(
-                "Requeue stopped, the broker is unavailable: %(error)s. Messages not "
-                "published stay parked; run the action again once the broker is back."
-            ) % {"error": self.broker_error}
-            out.append((messages.ERROR, text))
-        if result.skipped:
-            text = ngettext(
-                "%(count)d message was skipped: another requeue is handling it.",
-                "%(count)d messages were skipped: another requeue is handling them.",
-                result.skipped,
-            ) % {"count": result.skipped}
-            out.append((messages.WARNING, text))
-        if self.stopped:
-            text = ngettext(
-                "Stopped after %(seconds)d s to keep this page responsive; %(count)s "
-                "matching message is still parked. Run the action again to continue "
-                "(nothing is requeued twice), or use manage.py rmq_requeue.",
-                "Stopped after %(seconds)d s to keep this page responsive; %(count)s "
-                "matching messages are still parked. Run the action again to continue "
-                "(nothing is requeued twice), or use manage.py rmq_requeue.",
-                self.remaining,
-            ) % {"seconds": int(self.budget or 0), "count": self.remaining}
-            out.append((messages.WARNING, text))
-        return out
-
-    def summary(self) -> str:
-        result = self.result
-        verb = "Republished to ALL receivers of the topic" if self.topic else "Requeued"
-        text = (
-            f"{verb}: {result.requeued} requeued, {result.failed} failed, {result.skipped} skipped"
-        )
-        if self.stopped:
-            text += f", stopped by the time budget with {self.remaining} left"
-        if self.broker_error:
-            text += f", stopped: {self.broker_error}"
-        return text + "."
