@@ -66,10 +66,10 @@ def test_publisher_moves_to_the_next_url_after_a_lost_connection(rmq):
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "BROKER_URLS": [FIRST, SECOND]}):
         publisher = Publisher()
         publisher.send_bodies("test.other", [{"id": 1}])
-        assert publisher._connection is not None and publisher._connection.url == FIRST
-        publisher._connection.raw.close()  # as if its node went away
+        assert publisher._link is not None and publisher._link.url == FIRST
+        publisher._link.close()  # as if its node went away
         publisher.send_bodies("test.other", [{"id": 2}])
-        assert publisher._connection.url == SECOND
+        assert publisher._link.url == SECOND
         publisher.close()
     assert rmq.depth(rmq.queue("gamma")) == 2
 

@@ -5,6 +5,7 @@ once confirmed, keep their transaction's order, and survive a broker that is dow
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -22,6 +23,7 @@ from django_rmq_retry.models import OutboxMessage, OutboxStatus, RetryPolicy
 from django_rmq_retry.outbox import RelayRound, publish_pending, relay
 from django_rmq_retry.publishing.publisher import reset_publisher
 from tests.conftest import all_ready, held_until, read_log, start_consumer, wait_for
+from tests.test_broker_edges import close_connections
 from tests.testapp.events import other
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
@@ -333,10 +335,8 @@ def procs_outbox(tmp_path):
 def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatch):
     """The connection dies while a round is still reading ahead (chunks of 20, 300 rows),
     once the broker confirmed the first 150: the round stops its reader, deletes only those
-    150, and the next round publishes the rest; every message arrives once (nothing
-    written after the cut reached the broker)."""
-    import socket
-
+    150, and the next round publishes the rest; every message arrives once (the broker
+    closes the connection by its name, and the round publishes nothing after that)."""
     from django_rmq_retry import PublishError
     from django_rmq_retry.outbox import publish_all, relay
     from django_rmq_retry.publishing.publisher import get_publisher
@@ -347,6 +347,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
         with transaction.atomic():
             results = other.send_many([{"id": i} for i in range(300)], outbox=True)
         publisher = get_publisher()
+        name = f"django-rmq-retry publisher {rmq.prefix} pid {os.getpid()}"
 
         class CutAfter150:
             def stream_items(self, items):
@@ -354,11 +355,13 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
                     for n, item in enumerate(items):
                         if n == 150:  # the first 150 sent and confirmed, then the cut
                             deadline = time.monotonic() + 60  # generous: not a bound on the broker
-                            while publisher._pipeline.unconfirmed:
+                            while publisher._driver.unconfirmed:
                                 assert time.monotonic() < deadline
-                                publisher._connection.pump(0.05)
-                            sock = publisher._connection.raw._impl._transport._sock
-                            sock.shutdown(socket.SHUT_RDWR)
+                                yield None  # "nothing yet": the publisher takes confirms in
+                            assert close_connections(name) == 1
+                            while publisher._link.is_open:  # until our side read the close
+                                assert time.monotonic() < deadline
+                                yield None
                         yield item
 
                 return publisher.stream_items(cut())

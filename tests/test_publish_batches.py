@@ -164,13 +164,17 @@ def test_an_unreachable_broker_raises_without_looping(rmq):
 def test_a_source_waiting_on_a_broker_that_stopped_answering_times_out(rmq, monkeypatch):
     """A stream whose source yields "nothing yet" while a confirm never comes ends as a
     stall after STALL_TIMEOUT (as a full window does), instead of waiting forever."""
-    from django_rmq_retry.broker import confirms
+    from django_rmq_retry.broker import window as window_module
+    from django_rmq_retry.broker.wire import Encoded
 
-    monkeypatch.setattr(confirms, "STALL_TIMEOUT", 0.3)
+    monkeypatch.setattr(window_module, "STALL_TIMEOUT", 0.3)
     publisher = Publisher(declare=False)
-    pipeline = publisher._batch_pipeline()
+    publisher._ensure_connection()
+    driver = publisher._driver
+    window = driver._window_now()
     # One publish the broker will never answer: a tag it never saw.
-    pipeline.channel.pending[10**9] = confirms._Pending(lambda *a: None, "x", "", "q", b"")
+    never = Outgoing("", "q", b"", {"message_id": "x"})
+    window._pending[10**9] = window_module._Entry(never, lambda item: None, Encoded(b"", "x"))
 
     gave_up: list[bool] = []
 
@@ -180,12 +184,16 @@ def test_a_source_waiting_on_a_broker_that_stopped_answering_times_out(rmq, monk
         gave_up.append(True)
 
     t0 = time.monotonic()
-    outcome = pipeline.run(waiting_forever(), window=10)
-    assert outcome.timed_out
-    # The stall clock ended the run, not the source: it was still waiting (order, not a
-    # wall-clock window a loaded host could miss), and not before STALL_TIMEOUT.
-    assert not gave_up
-    assert time.monotonic() - t0 >= 0.3
+    try:
+        outcome = driver.run(waiting_forever(), window=10)
+        assert outcome.timed_out
+        # The stall clock ended the run, not the source: it was still waiting (order, not a
+        # wall-clock window a loaded host could miss), and not before STALL_TIMEOUT.
+        assert not gave_up
+        assert time.monotonic() - t0 >= 0.3
+        assert never.state == ""  # no answer: stored or not is unknown
+    finally:
+        publisher.close()
 
 
 def test_an_error_of_answered_closes_the_channel_whose_confirms_were_pending(rmq):
@@ -197,16 +205,16 @@ def test_an_error_of_answered_closes_the_channel_whose_confirms_were_pending(rmq
     publisher = Publisher(declare=False)
     try:
         publisher.stream_batches(iter(_batches(queue, [5])), lambda batch: None)
-        first = publisher._pipeline
-        assert first is not None
+        first = publisher._driver.window
+        assert first is not None and first.state == "normal"
 
         def fails(batch):
             raise RuntimeError("the marks failed")
 
         with pytest.raises(RuntimeError, match="marks failed"):
             publisher.stream_batches(iter(_batches(queue, [500, 500, 500])), fails, most=2)
-        assert publisher._pipeline is None
-        assert not first.channel.impl.is_open  # closing or closed: not left open
+        assert publisher._driver.window is None
+        assert first.state == "closed"  # its channel closed: not left open beside the next
         answered: list[list[Outgoing]] = []
         later = _batches(queue, [10])
         publisher.stream_batches(iter(later), answered.append)

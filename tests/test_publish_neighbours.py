@@ -210,12 +210,12 @@ def test_each_thread_has_its_own_connection_closed_when_the_thread_ends(rmq):
 
     def send() -> None:
         other.send({"id": "from-thread"})
-        seen.append(publisher.get_publisher()._connection)
+        seen.append(publisher.get_publisher()._link)
 
     thread, outcome = _in_thread(send)
     thread.join(GUARD)
     other.send({"id": "from-main"})
-    mine = publisher.get_publisher()._connection
+    mine = publisher.get_publisher()._link
     assert outcome == [None]
     assert seen[0] is not mine
     assert not seen[0].is_open  # closed as its thread ended

@@ -10,8 +10,10 @@ node that does not answer, a relay round or an admin requeue holds up no other t
 send. No lock is shared between threads; a thread's publisher is closed when the thread
 ends, and every one at interpreter exit.
 
-One pipeline (``broker.Pipeline``: many confirms in flight) carries every message, a single
-``send`` included, with one reconnect rule (a connection lost mid-publish is replaced and
+One confirm window (``broker.ConfirmWindow`` on a link whose loop the publishing thread
+runs while it waits: :mod:`.driver`) carries every message, a single ``send`` included: the
+retry copies' implementation of confirms in flight and of the search for a message the
+broker refuses for what it carries. One reconnect rule (a connection lost mid-publish is replaced and
 what got no answer is published again, once: at-least-once) and one nack rule (a nacked
 message is published again after pauses of up to ``PUBLISH_NACK_WAIT`` seconds in all, see
 :func:`nack_pauses`). The outbox relay's stream (:meth:`Publisher.stream_items`) neither
@@ -21,16 +23,15 @@ reconnects nor pauses: the relay keeps what got no answer, and backs a nacked ro
 from __future__ import annotations
 
 import atexit
-import collections
 import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 
@@ -41,16 +42,18 @@ from ..core.backoff import pauses_within
 from ..core.envelope import build_properties
 from ..core.errors import (
     BrokerUnavailable,
-    ChannelClosed,
     ConnectionLost,
     MessageRefused,
     NackedError,
     PublishError,
-    TopologyError,
     UnroutableError,
 )
 from ..registry import app_missing_hint, default_registry
 from .batch_stream import Batch, BatchStream
+
+if TYPE_CHECKING:  # the driver loads pika: imported when a publisher first connects
+    from ..broker.links import Link
+    from .driver import LinkDriver, RunOutcome, Sink
 
 logger = logging.getLogger("django_rmq_retry.publishing.publisher")
 
@@ -156,7 +159,7 @@ def outgoing(
 
 
 class Publisher:
-    """A lazily opened connection and its confirm pipeline, used by one thread at a time.
+    """A lazily opened link and its confirm window, used by one thread at a time.
 
     :func:`get_publisher` gives each thread its own. Nothing here is shared between
     threads, so nothing here holds a lock while it waits (for a confirm, a pause after a
@@ -180,9 +183,8 @@ class Publisher:
         #: Declare the whole topology on connecting: ``DECLARE_ON_SEND`` unless given. Off by
         #: default: a publisher needs write permission only (docs/howto/permissions.md).
         self._declare = declare
-        self._connection: broker.Connection | None = None
-        #: The confirm pipeline every publish goes through (opened on first use).
-        self._pipeline: broker.Pipeline | None = None
+        #: The link and its confirm window (made on first use: it loads pika).
+        self._driver: LinkDriver | None = None
         self._pid = os.getpid()
         #: The URL of the connection dropped last: the next connect tries the next URL first.
         self._dropped_url: str | None = None
@@ -190,56 +192,85 @@ class Publisher:
         #: :func:`reset_publisher`'s count when :func:`get_publisher` made this one.
         self._generation = 0
 
+    @property
+    def _link(self) -> Link | None:
+        """The open (or last) connection, ``None`` before the first publish."""
+        return None if self._driver is None else self._driver.link
+
     # Connection management ----------------------------------------------------------------
-    def _ensure_connection(self) -> broker.Connection:
+    def _transport(self) -> LinkDriver:
         if self._pid != os.getpid():  # forked: never share a socket with the parent
-            self._connection = self._pipeline = None
+            if self._driver is not None:
+                self._driver.forget()
             self._pid = os.getpid()
+        if self._driver is None:
+            from .driver import LinkDriver
+
+            name = f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}"
+            self._driver = LinkDriver(name)
+        return self._driver
+
+    def _ensure_connection(self) -> Link:
+        driver = self._transport()
         now = time.monotonic()
-        if (
-            self._connection is not None
-            and self._connection.is_open
-            and now - self._last_used > _IDLE_CHECK_AFTER
-        ):
-            # Only after a pause: in a busy loop every publish already does I/O on this
-            # connection (its confirm), and a poll would add a pass of the I/O loop to each
-            # send. A connection that dies between two busy publishes fails that publish,
-            # which then reconnects and publishes again (the same at-least-once path).
-            try:
-                self._connection.pump(0)
-            except ConnectionLost:
-                self._drop()
+        if driver.is_open and now - self._last_used > _IDLE_CHECK_AFTER:
+            # Only after a pause: in a busy loop every publish already runs the loop (for
+            # its confirms), and a pass more would add to each send. A connection that dies
+            # between two busy publishes fails that publish, which then reconnects and
+            # publishes again (the same at-least-once path).
+            driver.poll()
         self._last_used = now
-        if self._connection is None or not self._connection.is_open:
+        if not driver.is_open:
             self._drop()
-            connection = broker.connect(
-                self._url,
-                after=self._dropped_url,
-                name=f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}",
-            )
-            self._connection = connection
+            link = driver.connect(self._url, after=self._dropped_url)
             declare = app_settings.DECLARE_ON_SEND if self._declare is None else self._declare
             if declare:
                 try:
-                    connection.channel().declare(current_plan(default_registry.all()))
-                except (TopologyError, ConnectionLost):
+                    self._declare_topology(link.url)
+                except Exception:  # a conflict (TopologyError), the broker gone meanwhile
                     self._drop()
                     raise
-        return self._connection
+            return link
+        assert driver.link is not None
+        return driver.link
 
-    def _retire_pipeline(self) -> None:
-        pipe, self._pipeline = self._pipeline, None
-        if pipe is not None:
-            pipe.channel.close()
+    def _declare_topology(self, url: str) -> None:
+        """Declare the whole topology (``DECLARE_ON_SEND``) on the broker ``url`` names.
+
+        On a short-lived blocking connection beside the link: the declaration happens once
+        per connect, and ``broker.topology`` declares through one blocking channel for every
+        caller (``rmq_setup``, the consumer), with its error texts. Written again as
+        callbacks on the link it would be a second copy of that order and those texts for
+        no gain: nothing else runs on this thread's loop while it waits.
+        """
+        connection = broker.connect(url, name=f"django-rmq-retry declare pid {os.getpid()}")
+        try:
+            connection.channel().declare(current_plan(default_registry.all()))
+        finally:
+            connection.close()
+
+    def _retire_window(self) -> None:
+        """Close the window's channel (confirms pending on it are never waited for)."""
+        driver = self._driver
+        if driver is not None and driver.window is not None:
+            window, driver.window = driver.window, None
+            window.close()
 
     def _drop(self) -> None:
-        conn, self._connection, self._pipeline = self._connection, None, None
-        if conn is not None:
-            self._dropped_url = conn.url
-            conn.close()
+        driver = self._driver
+        if driver is None:
+            return
+        if driver.link is not None:
+            self._dropped_url = driver.link.url
+        driver.drop()
 
     def close(self) -> None:
-        self._drop()
+        driver = self._driver
+        if driver is None:
+            return
+        if driver.link is not None:
+            self._dropped_url = driver.link.url
+        driver.close()
 
     def _reconnecting(
         self,
@@ -251,17 +282,14 @@ class Publisher:
 
         After a second loss ``give_up(exc)`` says what to raise (``None``: nothing was left
         unconfirmed after all); a broker that cannot be reached raises ``unreachable(why)``.
-        A channel the broker closed (no such exchange, ...) is not retried: the caller turns
-        ``ChannelClosed`` into its own error.
+        A channel the broker closed (no such exchange, ...) is not retried: it is the
+        outcome's ``channel_error``, which the caller turns into its own error.
         """
         for attempt in (1, 2):
             try:
                 return publish()
             except BrokerUnavailable as exc:
                 raise unreachable(str(exc)) from exc
-            except ChannelClosed:
-                self._drop()
-                raise
             except ConnectionLost as exc:
                 self._drop()
                 if attempt == 2:
@@ -384,34 +412,19 @@ class Publisher:
         sent: list[broker.Outgoing] | None = None,
     ) -> None:
         """The transport's part of :meth:`stream_items` and :meth:`stream_batches`
-        (``testing`` has its own): ``sent`` (if given) collects what was published."""
-        # What may lack an answer if the broker refuses one message: the caller's list, or
-        # (a stream of any length: the requeue's) only the recent items, not the stream.
-        sink: list[broker.Outgoing] | _Unanswered = sent if sent is not None else _Unanswered()
+        (``testing`` has its own): ``sent`` (if given) collects what was published.
+
+        A message the broker refuses for what it carries is found by the window while the
+        stream goes on (``item.refused``); the stream ends early only when the connection
+        went, the broker closed the channel, or no confirm came in time (raised)."""
         try:
-            outcome = self._run(items, window, sink)
+            outcome = self._run(items, window, sent)
         except BrokerUnavailable as exc:
             raise PublishError(str(exc)) from exc
         except ConnectionLost as exc:
             self._drop()
             raise PublishError(f"publish failed: {exc}") from exc
-        except BaseException:
-            # The source raised, or a requeue's ``answered`` (its marks) did, with confirms
-            # still pending: a pipeline with pending confirms is never used again, and its
-            # channel would stay open beside the next one until the connection closes.
-            self._retire_pipeline()
-            raise
-        if outcome.refusal is not None:
-            # One message cost the channel: find it among those without an answer, and end
-            # the stream there (the caller goes on with what it did not hand over yet).
-            self._pipeline = None
-            try:
-                self._isolate(list(sink), outcome.refusal)
-            except PublishError as exc:
-                raise PublishError(str(exc)) from exc
-            return
         if outcome.channel_error is not None:
-            self._pipeline = None
             raise PublishError(f"publish failed: {outcome.channel_error}")
         if outcome.timed_out:
             self._drop()
@@ -465,72 +478,15 @@ class Publisher:
                 return
 
     def _run(
-        self,
-        items: Iterable[broker.Outgoing | None],
-        window: int,
-        sent: list[broker.Outgoing] | _Unanswered | None = None,
-    ) -> broker.BatchOutcome:
-        """``Pipeline.run`` on this publisher's pipeline. A connection the broker closed for
-        what one message carried (a frame error) comes back as the outcome's ``refusal``
-        (the connection dropped), not as a lost connection: it is no outage."""
-        pipe = self._batch_pipeline()
-        try:
-            return pipe.run(items, window, sent)
-        except ConnectionLost:
-            why = pipe.channel.refusal
-            if why is None:
-                raise
-            self._drop()
-            return broker.BatchOutcome(channel_error=why, refusal=why)
-
-    def _isolate(self, items: Sequence[broker.Outgoing], why: str) -> None:
-        """The broker closed the channel (or the connection) for what one of ``items``
-        carried, and those without an answer got none: publish each of them alone, in
-        order, on a fresh channel. The one the broker refuses again is marked refused
-        (``item.refused``); the others get their answer. Each is published once more at
-        most, and the messages after the culprit flow. Raises ``PublishError`` when the
-        broker cannot be reached meanwhile (an outage after all)."""
-        suspects = [item for item in items if not item.state]
-        logger.warning(
-            "the broker closed the publishing channel over one message (%s); publishing the "
-            "%d message(s) it left without an answer one at a time to find it",
-            why,
-            len(suspects),
-        )
-        for item in suspects:
-            try:
-                outcome = self._run([item], 1)
-            except BrokerUnavailable as exc:
-                raise PublishError(str(exc)) from exc
-            except ConnectionLost as exc:
-                self._drop()
-                raise PublishError(f"publish failed: {exc}") from exc
-            if outcome.refusal is not None:
-                self._pipeline = None
-                item.refuse(outcome.refusal)
-                logger.error(
-                    "the broker refuses message %r to %r (routing key %r): %s",
-                    item.message_id,
-                    item.exchange,
-                    item.routing_key,
-                    outcome.refusal,
-                )
-            elif outcome.channel_error is not None:
-                self._pipeline = None
-                raise PublishError(f"publish failed: {outcome.channel_error}")
-            elif outcome.timed_out:
-                self._drop()
-                raise PublishError("the broker did not confirm every message in time")
-
-    def _batch_pipeline(self) -> broker.Pipeline:
-        connection = self._ensure_connection()  # (re)connects; notices a dead connection
-        pipe = self._pipeline
-        if pipe is None or not pipe.usable(connection):
-            if pipe is not None:
-                self._retire_pipeline()
-            pipe = broker.Pipeline(connection)
-            self._pipeline = pipe
-        return pipe
+        self, items: Iterable[broker.Outgoing | None], window: int, sent: Sink | None = None
+    ) -> RunOutcome:
+        """``LinkDriver.run`` on this publisher's link, (re)connected first: raises
+        ``BrokerUnavailable`` when no broker can be reached, ``ConnectionLost`` when the
+        connection went meanwhile. A source that raises (or a stream's ``answered``) leaves
+        no confirm pending: the run closes that channel first."""
+        self._ensure_connection()  # (re)connects; notices a dead connection
+        assert self._driver is not None
+        return self._driver.run(items, window, sent)
 
     def _answer(
         self, items: list[broker.Outgoing], window: int, deadline: float | None = None
@@ -567,7 +523,7 @@ class Publisher:
         this raises ``PublishError`` (connection lost twice, channel closed, no answer)."""
         todo = list(range(len(items)))
 
-        def publish() -> broker.BatchOutcome | None:
+        def publish() -> RunOutcome | None:
             nonlocal todo
             # After a lost connection, which messages got through is unknown for every
             # one not confirmed yet: those are published again (at-least-once).
@@ -587,15 +543,7 @@ class Publisher:
         outcome = self._reconnecting(publish, give_up, unreachable)
         if outcome is None:
             return
-        if outcome.refusal is not None:
-            self._pipeline = None
-            try:
-                self._isolate([items[i] for i in todo], outcome.refusal)
-            except PublishError as exc:
-                raise _batch_error(items, str(exc), PublishError) from exc
-            return
         if outcome.channel_error is not None:
-            self._pipeline = None
             raise _batch_error(
                 items,
                 f"publish to {items[0].exchange!r} failed: {outcome.channel_error}"
@@ -607,27 +555,6 @@ class Publisher:
             raise _batch_error(
                 items, "the broker did not confirm every message in time", PublishError
             )
-
-
-class _Unanswered:
-    """The items a stream published that may still lack an answer (what
-    :meth:`Publisher._isolate` needs), answered ones dropped from the front as it goes
-    (answers come in publish order, mostly): no more memory than the messages in flight
-    hold already, not the whole stream (a requeue of 100,000 rows)."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[broker.Outgoing] = collections.deque()
-
-    def append(self, item: broker.Outgoing, /) -> None:
-        items = self._items
-        items.append(item)
-        while items[0].state:
-            items.popleft()
-            if not items:
-                return
-
-    def __iter__(self) -> Iterator[broker.Outgoing]:
-        return iter(self._items)
 
 
 def _answers(items: Sequence[broker.Outgoing]) -> dict[str, list[Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import threading
 import time
@@ -19,13 +20,13 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_rmq_retry import parking
-from django_rmq_retry.conf import current_plan
+from django_rmq_retry.conf import app_settings, current_plan
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from django_rmq_retry.publishing.publisher import get_publisher
 from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL, _broker_reachable, rabbitmqctl_cmd, wait_for
 from tests.faults.conftest import Tally, depths, queues_empty, record, settle, spawn, stop
+from tests.test_broker_edges import close_connections
 from tests.testapp.events import other, work
 
 pytestmark = [
@@ -253,7 +254,6 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
     n = 10_000
     make_rows(rmq, n)
     queue = rmq.queue("gamma")
-    publisher = get_publisher()
     fired = threading.Event()
     errors: list[BaseException] = []
 
@@ -269,20 +269,9 @@ def test_bulk_requeue_interrupted_by_the_broker(rmq, fault):
                     fired.set()
                     time.sleep(3)
             else:
-                sock = publisher._connection.raw._impl._transport._sock
-                port = sock.getsockname()[1]
-                listing = subprocess.run(
-                    rabbitmqctl_cmd("list_connections", "-q", "pid", "peer_port"),
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                pid = next(
-                    line.split()[0]
-                    for line in listing.splitlines()
-                    if line.split()[-1:] == [str(port)]
-                )
-                rabbitmqctl("close_connection", pid, "fault injection")
+                # The requeue's connection, by the name it gives the broker.
+                name = f"django-rmq-retry publisher {app_settings.PREFIX} pid {os.getpid()}"
+                assert close_connections(name) == 1
                 fired.set()
         except BaseException as exc:
             errors.append(exc)
