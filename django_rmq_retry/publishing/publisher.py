@@ -198,7 +198,7 @@ class Publisher:
         return None if self._driver is None else self._driver.link
 
     # Connection management ----------------------------------------------------------------
-    def _transport(self) -> LinkDriver:
+    def _link_driver(self) -> LinkDriver:
         if self._pid != os.getpid():  # forked: never share a socket with the parent
             if self._driver is not None:
                 self._driver.forget()
@@ -211,7 +211,7 @@ class Publisher:
         return self._driver
 
     def _ensure_connection(self) -> Link:
-        driver = self._transport()
+        driver = self._link_driver()
         now = time.monotonic()
         if driver.is_open and now - self._last_used > _IDLE_CHECK_AFTER:
             # Only after a pause: in a busy loop every publish already runs the loop (for
