@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .confirms import BatchOutcome, ConfirmChannel, Outgoing, Pipeline, settled_reason
+    from .confirms import ConfirmChannel, Outgoing, settled_reason
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
     from .consuming import ConsumeChannel
     from .headerguard import decoding
@@ -29,10 +29,8 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _WHERE = {
-    "BatchOutcome": "confirms",
     "ConfirmChannel": "confirms",
     "Outgoing": "confirms",
-    "Pipeline": "confirms",
     "settled_reason": "confirms",
     "Channel": "connection",
     "Connection": "connection",
@@ -52,7 +50,6 @@ _WHERE = {
 }
 
 __all__ = [
-    "BatchOutcome",
     "Channel",
     "ConfirmChannel",
     "ConfirmWindow",
@@ -61,7 +58,6 @@ __all__ = [
     "Encoded",
     "Link",
     "Outgoing",
-    "Pipeline",
     "asyncio_link",
     "connect",
     "connection_parameters",

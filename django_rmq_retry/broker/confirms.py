@@ -1,21 +1,20 @@
-"""Publishing with many confirms in flight: one confirm tracker for retry copies, batches
-(``Topic.send_many``) and requeues.
+"""Confirms in flight on a blocking connection, and what every publish shares.
 
 ``BlockingChannel.basic_publish`` waits for each confirm before returning: one round trip per
 message. :class:`ConfirmChannel` puts pika's underlying channel in confirm mode with our own
 callbacks, so ``publish`` returns at once and ``on_settled(acked, returned)`` runs inside the
-connection's I/O loop once the broker answered. :class:`Pipeline` drives a batch through one.
+connection's I/O loop once the broker answered: the blocking consumer's retry copies. Every
+other publish goes through ``window.ConfirmWindow`` on a link; both use :class:`Outgoing`
+(one message and its answer), :func:`early_refusal` and :func:`confirmed_tags`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..conf import app_settings
@@ -28,12 +27,6 @@ from .wire import Encoded, decode_properties, encode_properties
 
 logger = logging.getLogger("django_rmq_retry.broker")
 
-#: Seconds without any confirm after which a batch gives up (the messages count as failed).
-STALL_TIMEOUT = 30.0
-#: Messages of a batch written between two runs of the I/O loop (which sends them).
-FLUSH_EVERY = 100
-#: Seconds the I/O loop runs when a lazy source has nothing to publish yet.
-IDLE_PUMP = 0.002
 #: The ``user_id`` bit of the properties' flag word.
 _USER_ID_FLAG = 1 << 4
 
@@ -308,159 +301,9 @@ class Outgoing:
         self.refused = reason
 
 
-class Sink(Protocol):
-    """Where :meth:`Pipeline.run` puts each item it publishes (a list will do)."""
-
-    def append(self, item: Outgoing, /) -> None: ...
-
-
-@dataclass
-class BatchOutcome:
-    channel_error: str | None = None  # why the channel closed, if it did
-    timed_out: bool = False
-    #: The channel (or connection) closed because of what one message carried: which one of
-    #: those without an answer is for the publisher to find.
-    refusal: str | None = None
-
-
-class Pipeline:
-    """Publishes batches on a :class:`ConfirmChannel`, many confirms in flight.
-
-    Messages are written back to back and the connection's I/O loop is pumped until at most
-    a window's worth are unconfirmed, then until every one is acked or nacked. Raises
-    ``ConnectionLost`` when the connection dies; a channel the broker closed (no such
-    exchange) is reported in the outcome instead, and the pipeline is then unusable.
-    """
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self.channel = ConfirmChannel(connection)
-        self.channel.on_broken = self._wake
-        self.wake_at: int = -1  # wake the I/O loop once this few are unconfirmed
-        self._woken = False
-        deadline = time.monotonic() + STALL_TIMEOUT
-        while not self.channel.ready:
-            if self.channel.broken is not None:
-                raise ConnectionLost(f"confirm.select failed: {self.channel.broken_reason}")
-            if time.monotonic() > deadline:
-                raise ConnectionLost("no confirm.select-ok from the broker")
-            self._pump(0.05)
-
-    @property
-    def unconfirmed(self) -> int:
-        return len(self.channel.pending)
-
-    def usable(self, connection: Connection) -> bool:
-        return (
-            connection is self.connection
-            and self.channel.broken is None
-            and self.channel.impl.is_open
-            and not self.channel.pending
-        )
-
-    # Callbacks (run inside the connection's I/O loop) ------------------------------------
-    def _wake(self) -> None:
-        if not self._woken:
-            self._woken = True
-            self.connection.raw.call_later(0, _noop)
-
-    def _settle(self, item: Outgoing, acked: bool, returned: bool) -> None:
-        item.state = "ack" if acked else "nack"
-        item.returned = returned
-        if self.unconfirmed <= self.wake_at:
-            self._wake()
-
-    # Driving -----------------------------------------------------------------------------
-    def _pump(self, seconds: float) -> None:
-        self._woken = False
-        self.connection.pump(seconds)
-
-    def _wait_until(self, at_most: int) -> bool:
-        """Pump I/O until at most ``at_most`` messages are unconfirmed; False on a stall."""
-        last = self.unconfirmed
-        deadline = time.monotonic() + STALL_TIMEOUT
-        while self.unconfirmed > at_most and self.channel.broken is None:
-            self.wake_at = at_most
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._pump(min(remaining, 1.0))
-            if self.unconfirmed < last:  # progress: the stall clock starts over
-                last = self.unconfirmed
-                deadline = time.monotonic() + STALL_TIMEOUT
-        self.wake_at = -1
-        return True
-
-    def run(
-        self, items: Iterable[Outgoing | None], window: int, sent: Sink | None = None
-    ) -> BatchOutcome:
-        """Publish ``items`` as the iterable yields them, then wait for every answer.
-
-        The iterable may be lazy (rows read from a database cursor): reading the next ones
-        overlaps the broker's work on those already written. It may yield ``None`` when it
-        has nothing yet (it waits for the answers to what it gave): the I/O loop then runs
-        for up to ``IDLE_PUMP`` seconds, and after ``STALL_TIMEOUT`` seconds of such waits
-        without a new answer the outcome is ``timed_out``. Each item published is appended
-        to ``sent`` (when given) before it is written.
-        """
-        outcome = BatchOutcome()
-        low = window // 2
-        number = 0
-        waiting, stall_at = -1, 0.0  # the stall clock while the source has nothing
-        for item in items:
-            if item is None:  # the source has nothing yet: take in confirms meanwhile
-                self._pump(IDLE_PUMP)
-                # A source that waits for answers must not wait forever on a broker that
-                # stopped answering: the same stall timeout as a full window.
-                if waiting < 0 or self.unconfirmed < waiting or not self.unconfirmed:
-                    waiting, stall_at = self.unconfirmed, time.monotonic() + STALL_TIMEOUT
-                elif time.monotonic() > stall_at:
-                    outcome.timed_out = True
-                    return outcome
-                continue
-            waiting = -1  # published: the clock starts again at the next wait
-            number += 1
-            if self.unconfirmed >= window and not self._wait_until(low):
-                outcome.timed_out = True
-                return outcome
-            if self.channel.broken is not None:
-                break
-            item.state = ""
-            item.returned = False
-            if sent is not None:
-                sent.append(item)
-            try:
-                self.channel.publish(
-                    item.exchange,
-                    item.routing_key,
-                    item.body,
-                    item.properties if item.wire is None else item.wire,
-                    functools.partial(self._settle, item),
-                )
-            except MessageRefused as exc:  # not sent: its answer is known already
-                item.refuse(exc.reason)
-                continue
-            if number % FLUSH_EVERY == 0:
-                # Frames wait in pika's buffer until the I/O loop runs: hand them to the
-                # socket (and take in confirms) while the next ones are marshalled.
-                self._pump(0)
-        if self.channel.broken is None and not self._wait_until(0):
-            outcome.timed_out = True
-        if self.channel.broken is not None:
-            outcome.channel_error = self.channel.broken_reason
-            outcome.refusal = self.channel.refusal
-        return outcome
-
-
-def _noop() -> None:
-    """Timer callback whose only job is to make ``process_data_events`` return."""
-
-
 __all__ = [
-    "BatchOutcome",
     "ConfirmChannel",
     "Outgoing",
-    "Pipeline",
     "early_refusal",
     "settled_reason",
 ]
