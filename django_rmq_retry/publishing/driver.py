@@ -3,10 +3,16 @@ runs only while it waits for the broker.
 
 A publisher belongs to one thread (``get_publisher``), and so does its driver: the thread
 writes messages into a :class:`~django_rmq_retry.broker.window.ConfirmWindow`, then runs
-the link's pika ``IOLoop`` (``ioloop.start()``) until what it waits for happened (the
-window drained to a level, every answer in, a connect done, an outage), and a callback on
-the loop stops it. Between two calls nothing runs the loop: as with a blocking connection,
-the link idles then, and its owner polls it once before the next use after a pause.
+the link's pika ``IOLoop`` until what it waits for happened (the window drained to a level,
+every answer in, a connect done, an outage). Between two calls nothing runs the loop: as
+with a blocking connection, the link idles then, and its owner polls it once before the
+next use after a pause.
+
+The loop is run a pass at a time through the ``IOLoop``'s public extension API
+(``activate_poller`` once, then ``poll()`` and ``process_timeouts()`` until the wait is
+over), the way pika's ``BlockingConnection`` runs its own: ``start()`` and ``stop()``
+would set the poller up and tear it down, and wake it through its pipe, on every wait (a
+single ``send`` is one wait).
 
 Everything the broker says about a message goes through the window: acks, nacks, returns,
 and the search for a message the broker refuses for what it carries (each suspect alone on
@@ -59,6 +65,10 @@ def _ignore(_item: Outgoing) -> None:
     """An answer's callback: the window records the answer on the item itself."""
 
 
+def _no_outage_callback(_why: str, _items: list[Outgoing]) -> None:
+    """The window's state says it (read after each pass of the loop)."""
+
+
 class LinkDriver:
     """One link and its confirm window, on a pika ``IOLoop`` run by the owning thread.
 
@@ -71,7 +81,6 @@ class LinkDriver:
         self.window: ConfirmWindow | None = None
         self._url: str | None = None
         self._ioloop: Any = None
-        self._until: Callable[[], bool] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -86,36 +95,25 @@ class LinkDriver:
     def _loop(self) -> Any:
         if self._ioloop is None:
             self._ioloop = new_ioloop()
+            self._ioloop.activate_poller()  # for good: the loop is run a pass at a time
         return self._ioloop
 
-    def _check(self) -> None:
-        """On the loop, after anything that may end a wait: stop the loop if it did."""
-        until = self._until
-        if until is not None and until():
-            self._until = None
-            self._ioloop.stop()
-
     def _run_until(self, done: Callable[[], bool], limit: float | None = None) -> None:
-        """Run the loop until ``done()`` (checked by :meth:`_check`) or ``limit`` seconds."""
+        """Run the loop until ``done()`` (checked after each pass) or ``limit`` seconds."""
         if done():
             return
         ioloop = self._loop()
         expired: list[bool] = []
-        timer = None
-        if limit is not None:
-
-            def expire() -> None:
-                expired.append(True)
-                self._check()
-
-            timer = ioloop.call_later(limit, expire)
-        self._until = lambda: bool(expired) or done()
+        timer = None if limit is None else ioloop.call_later(limit, lambda: expired.append(True))
         try:
             with decoding():  # pika decodes a returned message's headers in the callbacks
-                ioloop.start()
+                while True:
+                    ioloop.poll()  # waits for I/O until the next timer is due, at most
+                    ioloop.process_timeouts()
+                    if expired or done():
+                        return
         finally:
-            self._until = None
-            if timer is not None:
+            if timer is not None and not expired:
                 ioloop.remove_timeout(timer)
 
     def poll(self) -> None:
@@ -130,29 +128,20 @@ class LinkDriver:
         self.drop()
         self._url = url
         done: list[Link | Exception] = []
-
-        def opened(outcome: Link | Exception) -> None:
-            done.append(outcome)
-            self._check()
-
-        select_link(self._loop(), opened, url=url, after=after, name=self.name)
+        select_link(self._loop(), done.append, url=url, after=after, name=self.name)
         self._run_until(lambda: bool(done))
         outcome = done[0]
         if isinstance(outcome, Exception):
             raise outcome
-        self._adopt(outcome)
+        self.link = outcome
         return outcome
-
-    def _adopt(self, link: Link) -> None:
-        self.link = link
-        link.on_closed(lambda _reason: self._check())  # a wait may be for its close
 
     def _relink(self, on_done: Callable[[Any], None]) -> None:
         """The window's way on after the broker closed the connection over one message."""
 
         def opened(outcome: Link | Exception) -> None:
             if isinstance(outcome, Link):
-                self._adopt(outcome)
+                self.link = outcome
             on_done(outcome)
 
         select_link(self._loop(), opened, url=self._url, name=self.name)
@@ -176,6 +165,7 @@ class LinkDriver:
             return
         if link is not None:
             self._run_until(lambda: link.close_reason is not None, CLOSE_WAIT)
+        self._ioloop.deactivate_poller()
         self._ioloop.close()
         self._ioloop = None
 
@@ -194,8 +184,7 @@ class LinkDriver:
                 window.close()
             window = ConfirmWindow(
                 link,
-                on_outage=lambda _why, _items: self._check(),
-                on_progress=self._check,
+                on_outage=_no_outage_callback,
                 relink=self._relink,
             )
             self.window = window
