@@ -30,6 +30,7 @@ from tests.conftest import BROKER_URL, ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 
 requeue_module = importlib.import_module("django_rmq_retry.parking.requeuing")
+claims = importlib.import_module("django_rmq_retry.parking.claims")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -569,7 +570,7 @@ def test_a_late_mark_leaves_a_row_its_failed_copy_parked_again():
     names = current_names()
     row, _ = parking.park(_request(), names=names)
     _claim(row, token="run")
-    stored = requeue_module._Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
+    stored = claims.Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
     headers = {names.header("parked-id"): str(row.pk), names.header("requeued"): 1}
     back, created = parking.park(
         _request(attempts=1, properties={"message_id": "m1", "headers": headers}), names=names
@@ -592,7 +593,7 @@ def test_a_mark_that_waited_for_the_copy_s_parking_leaves_the_row_parked():
     names = current_names()
     row, _ = parking.park(_request(), names=names)
     _claim(row, token="run")
-    stored = requeue_module._Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
+    stored = claims.Stored(row.pk, b"", {}, {}, row.queue, "", "", 0)
     headers = {names.header("parked-id"): str(row.pk), names.header("requeued"): 1}
     locked, go = threading.Event(), threading.Event()
 

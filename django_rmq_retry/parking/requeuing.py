@@ -1,30 +1,27 @@
 """Requeue: put parked messages back to work, each exactly once.
 
-Rows are claimed (a ``ParkedClaim`` row each: the first run to insert it holds the row),
-published with confirms, and marked requeued only after the broker confirmed them and only
-while the claim holds. Two operators, or a double click, never requeue a row twice; an
-interrupted run releases its claims so a rerun skips nothing. The admin and ``manage.py rmq_requeue`` both
-call :func:`requeue`.
+Rows are claimed (a ``ParkedClaim`` row each: the first run to insert it holds the row;
+``parking.claims``), published with confirms, and marked requeued only after the broker
+confirmed them and only while the claim holds. Two operators, or a double click, never
+requeue a row twice; an interrupted run releases its claims so a rerun skips nothing.
+``manage.py rmq_requeue`` and the steps of background operations (which every requeue of
+the admin starts) call :func:`requeue`.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import json
 import logging
 import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import connections, transaction
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
-from django.db.models.lookups import Exact
+from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from .. import broker, signals
@@ -33,10 +30,19 @@ from ..core.envelope import requeue_properties
 from ..core.errors import PublishError
 from ..core.header_budget import properties_room, too_large_to_requeue
 from ..core.names import Names
+from ..db import locks
 from ..db.batches import ids_in
 from ..db.threads import start_daemon
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
 from ..publishing.publisher import get_publisher
+from .claims import (
+    CHUNK_ROWS,
+    ClaimAhead,
+    Claims,
+    Stored,
+    held_by,
+    stale_before,
+)
 from .rows import row_properties
 
 if TYPE_CHECKING:  # the broker package loads pika: only when something is requeued
@@ -107,60 +113,6 @@ def requeue_target(row: _Target, mode: str, names: Names) -> tuple[str, str, str
     return names.deliver_exchange, "", row.queue
 
 
-def _claim(ids: list[int], token: str, using: str) -> list[int]:
-    """Claim the rows ``ids`` for the run ``token``; the ids it got (a row another run holds
-    is not taken: the claims' primary key refuses a second claim)."""
-    connection = connections[using]
-    at = timezone.now()
-    now = connection.ops.adapt_datetimefield_value(at)
-    table = connection.ops.quote_name(ParkedClaim._meta.db_table)
-    insert = f"INSERT INTO {table} (parked_id, token, claimed_at) "
-    returning = " ON CONFLICT (parked_id) DO NOTHING RETURNING parked_id"
-    if connection.vendor == "postgresql":
-        sql, params = insert + "SELECT unnest(%s::bigint[]), %s, %s" + returning, [ids, token, now]
-    elif connection.vendor == "sqlite" and connection.features.can_return_rows_from_bulk_insert:
-        sql = insert + "SELECT value, %s, %s FROM json_each(%s) WHERE true" + returning
-        params = [token, now, json.dumps(ids)]
-    else:  # one statement to insert, one to read back what was ours
-        claims = ParkedClaim.objects.using(using)
-        claims.bulk_create(
-            [ParkedClaim(parked_id=pk, token=token, claimed_at=at) for pk in ids],
-            ignore_conflicts=True,
-        )
-        return list(claims.filter(ids_in(ids, using), token=token).values_list("pk", flat=True))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return sorted(row[0] for row in cursor.fetchall())
-
-
-def _stale_before() -> datetime:
-    """Claims made before this belong to a run that was killed: they no longer hold."""
-    return timezone.now() - timedelta(seconds=int(app_settings.REQUEUE_CLAIM_TIMEOUT))
-
-
-def being_requeued(using: str) -> Exists:
-    """Whether a parked row is claimed by a requeue run still in time (for ``exclude``):
-    discard and purge leave such rows to the run."""
-    return Exists(
-        ParkedClaim.objects.using(using).filter(
-            parked_id=OuterRef("pk"), claimed_at__gte=_stale_before()
-        )
-    )
-
-
-def _held_by(token: str, using: str) -> Exact:
-    """Whether a parked row is still claimed by the run ``token`` (for ``filter``).
-
-    The claim's token compared per row, not ``EXISTS``: PostgreSQL turns an ``EXISTS`` into
-    a join planned from the claims table's statistics, and without them (autovacuum off, or
-    claims inserted a moment ago) it may choose a nested loop over every claim of the run
-    for each row: a mark then grows with the number of claims. A scalar subquery stays one
-    primary-key probe per row, whatever the statistics say.
-    """
-    claim = ParkedClaim.objects.using(using).filter(parked_id=OuterRef("pk"))
-    return Exact(Subquery(claim.values("token")[:1]), token)
-
-
 def requeue(
     queryset: QuerySet[ParkedMessage],
     *,
@@ -175,6 +127,7 @@ def requeue(
     deadline: float | None = None,
     headers: Mapping[str, Any] | None = None,
     bodies: Mapping[int, bytes] | None = None,
+    lock_wait: float | None = None,
 ) -> RequeueResult:
     """Requeue the parked rows of ``queryset`` in batches; memory stays flat for any count.
 
@@ -194,6 +147,17 @@ def requeue(
     operation marks its copies so the consumer can report their outcome.
     ``bodies`` replaces the body of the rows it names (an operator's edit; the row keeps
     the original).
+
+    ``lock_wait`` bounds every wait for a row another transaction holds locked (an editor's
+    ``select_for_update``, a long transaction of yours) to that many seconds, and to what
+    is left of ``deadline``; ``None`` and no deadline: waits as long as it takes, as the
+    command line always has. Bounded, the run never waits on such a row (PostgreSQL's
+    ``SKIP LOCKED``, and ``lock_timeout`` for the rest): a row locked when it would be
+    claimed is left parked for the next run (counted skipped); a row locked when its
+    confirmed copy would be marked is counted requeued but left to the copy's outcome report
+    (a background operation's consumer marks it), its claim kept so no other run sends it
+    meanwhile (until ``REQUEUE_CLAIM_TIMEOUT``). SQLite locks no rows: its one wait, for the
+    database's write lock, is bounded by the connection's ``timeout`` option.
     """
     if mode not in (MODE_RECEIVER, MODE_TOPIC):
         raise ValueError(f"unknown requeue mode {mode!r}")
@@ -210,20 +174,25 @@ def requeue(
         return result
     publisher = publisher or get_publisher()
     token = uuid.uuid4().hex
-    ParkedClaim.objects.using(using).filter(claimed_at__lt=_stale_before()).delete()
-    claims = _Claims(candidates, token, using, batch_size, limit)
+    ParkedClaim.objects.using(using).filter(claimed_at__lt=stale_before()).delete()
+    waits = _LockWaits(lock_wait, deadline)
+    claims = Claims(candidates, token, using, batch_size, limit, waits.seconds)
     # Claim and load the next batch on a thread of its own while this one is published: the
     # database work and the broker's confirms overlap instead of taking turns. Not inside a
     # caller's transaction: another connection would not see its rows, nor share its locks.
     ahead = not transaction.get_connection(using).in_atomic_block
-    feed = _ClaimAhead(claims) if ahead else None
+    feed = ClaimAhead(claims) if ahead else None
     # Marks (and releases of refused rows) on a thread of their own too, once the chunk's
     # confirms are in: the database writes one chunk's marks while the next is published.
-    settle = functools.partial(_settle, token=token, user=user, mode=mode, using=using)
+    # Rows whose copy is out but whose mark met a lock: their claims stay (see ``lock_wait``).
+    held: list[int] = []
+    settle = functools.partial(
+        _settle, token=token, user=user, mode=mode, using=using, waits=waits, held=held
+    )
     marks = _Marks(settle, result) if ahead else None
     # The chunks flow into one stream of confirms (``Publisher.stream_batches``): the next
     # chunk is written while the broker confirms the last, and each is marked once answered.
-    in_flight: collections.deque[list[_Stored]] = collections.deque()
+    in_flight: collections.deque[list[Stored]] = collections.deque()
 
     # A copy that cannot fit the connection's frame is refused here: sent, the broker
     # would close the connection (and the chunk's other copies with it) every run.
@@ -242,7 +211,7 @@ def requeue(
                     chunk.rows, mode, names, headers, room, bodies
                 )
                 if too_large:
-                    _refuse_too_large(too_large, frame_max, result, token, using)
+                    _refuse_too_large(too_large, frame_max, result, token, using, waits)
                 chunk.rows = []
                 if rows:
                     # The marks need no body: only the messages in flight hold one.
@@ -282,17 +251,35 @@ def requeue(
         if marks is not None:
             marks.close()  # every confirmed row marked before the release below
         # Whatever happened (Ctrl-C, broker gone), nothing stays claimed by us: the rows
-        # marked are requeued, the others parked and free for the next run.
-        ParkedClaim.objects.using(using).filter(token=token).delete()
+        # marked are requeued, the others parked and free for the next run; but rows whose
+        # copy is out unmarked (their mark met another transaction's lock).
+        ours = ParkedClaim.objects.using(using).filter(token=token)
+        (ours.exclude(ids_in(held, using)) if held else ours).delete()
     return result
 
 
-#: A requeue batch is loaded and published in chunks of at most this many body bytes (or
-#: ``CHUNK_ROWS`` rows): with one chunk loading ahead and two in flight, memory is a few
-#: chunks for any body size. A larger chunk only raises the peak memory: two in flight
-#: already keep the broker busy (see bench/README.md).
-CHUNK_BYTES = 2 * 1024 * 1024
-CHUNK_ROWS = 1000
+@dataclass(frozen=True)
+class _LockWaits:
+    """How long one statement of a run may wait for a row lock: ``lock_wait`` seconds, and
+    never past the run's ``deadline`` (a ``time.monotonic()`` value); ``None``: no bound."""
+
+    lock_wait: float | None
+    deadline: float | None
+
+    @property
+    def bounded(self) -> bool:
+        return self.lock_wait is not None or self.deadline is not None
+
+    def seconds(self) -> float | None:
+        if not self.bounded:
+            return None
+        left = [self.lock_wait] if self.lock_wait is not None else []
+        if self.deadline is not None:
+            # Past the deadline a statement still gets a moment: the run's own last marks.
+            left.append(max(LAST_WAIT, self.deadline - time.monotonic()))
+        return min(left)
+
+
 #: Requeued messages unconfirmed at once: throughput without a confirm per round trip, and
 #: at most this many sent twice when the connection drops mid-requeue. The same as
 #: ``send_many``'s window: a smaller one leaves the broker waiting for the next messages
@@ -301,148 +288,8 @@ REQUEUE_WINDOW = 1000
 #: Chunks published and not yet answered at once: the broker always has the next chunk while
 #: the last is confirmed, and memory holds a few chunks of ``CHUNK_BYTES`` for any body size.
 CHUNKS_IN_FLIGHT = 2
-#: Seconds the publisher waits for the next chunk before taking in confirms meanwhile.
-POLL_WAIT = 0.001
-
-
-class _Stored(NamedTuple):
-    """The columns a requeue reads to publish a row again (and to say why it failed): no
-    model instance (its construction is CPU spent on every row for nothing the requeue
-    uses; see bench/README.md), not the traceback, the history or the error."""
-
-    pk: int
-    body: bytes
-    properties: dict[str, Any]
-    headers: dict[str, Any]
-    queue: str
-    exchange: str
-    routing_key: str
-    requeue_count: int
-
-
-@dataclass
-class _Chunk:
-    rows: list[_Stored]  # claimed by this run, to publish
-    matched: int = 0  # candidates looked at for this chunk's claim
-    skipped: int = 0  # of those, claimed by someone else meanwhile
-
-
-@dataclass
-class _Claims:
-    """Claims candidates batch by batch and loads the claimed rows in bounded chunks."""
-
-    candidates: QuerySet[ParkedMessage]
-    token: str
-    using: str
-    batch_size: int
-    limit: int | None
-
-    def chunks(self) -> Iterator[_Chunk]:
-        claimed_total = 0
-        last_pk = 0
-        while self.limit is None or claimed_total < self.limit:
-            size = (
-                self.batch_size
-                if self.limit is None
-                else min(self.batch_size, self.limit - claimed_total)
-            )
-            ids = list(self.candidates.filter(pk__gt=last_pk).values_list("pk", flat=True)[:size])
-            if not ids:
-                return
-            last_pk = ids[-1]
-            claimed = _claim(ids, self.token, self.using)
-            claimed_total += len(claimed)
-            first = _Chunk([], matched=len(ids), skipped=len(ids) - len(claimed))
-            if not claimed:
-                yield first
-                continue
-            yield from self._load(claimed, first)
-
-    def _load(self, ids: list[int], first: _Chunk) -> Iterator[_Chunk]:
-        """The rows this run claimed (``ids``) still parked, in chunks of bounded bytes.
-
-        Ids and body sizes first, then each chunk's rows by primary key, read to the end
-        before it is handed on: memory holds a chunk's bodies, never a fetch's worth (a
-        fetch of 200 rows of 256 KiB is 50 MiB), and no read cursor stays open while the
-        chunk is published (on SQLite an open cursor blocks the requeue's own marks).
-        """
-        manager = ParkedMessage.objects.using(self.using)
-        # Still parked: between the candidates' read and the claim another run may have
-        # requeued a row and let go of its claim (the claim no longer told us it was taken).
-        sizes = list(
-            manager.filter(ids_in(ids, self.using), status=ParkedStatus.PARKED)
-            .order_by("pk")
-            .values_list("pk", "body_size")
-        )
-        head: _Chunk | None = first  # carries the claim's counts
-        group: list[int] = []
-        group_bytes = 0
-        for index, (pk, size) in enumerate(sizes):
-            group.append(pk)
-            group_bytes += size or 0
-            if index < len(sizes) - 1 and group_bytes < CHUNK_BYTES and len(group) < CHUNK_ROWS:
-                continue
-            chunk, head = head or _Chunk([]), None
-            loaded = manager.filter(ids_in(group, self.using)).order_by("pk")
-            chunk.rows = [_Stored(*values) for values in loaded.values_list(*_Stored._fields)]
-            yield chunk
-            group, group_bytes = [], 0
-        if head is not None:
-            yield head  # every claim was lost to a concurrent run meanwhile
-
-
-class _ClaimAhead:
-    """Runs ``_Claims.chunks()`` on a daemon thread, one chunk ahead of the publisher."""
-
-    def __init__(self, claims: _Claims) -> None:
-        self._claims = claims
-        self._queue: queue.Queue[_Chunk | BaseException | None] = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._thread = start_daemon(self._run, "rmq-requeue-claims")
-
-    def poll(self) -> Iterator[_Chunk | None]:
-        """The chunks, and ``None`` whenever the next is not loaded after ``POLL_WAIT``
-        seconds (the publisher takes in confirms meanwhile instead of waiting here). The
-        short wait keeps a publisher that answers at once (the in-memory broker's, a test's)
-        from spinning on the interpreter lock the loading thread needs."""
-        while True:
-            try:
-                item = self._queue.get(timeout=POLL_WAIT)
-            except queue.Empty:
-                yield None
-                continue
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def _run(self) -> None:
-        try:
-            for chunk in self._claims.chunks():
-                if not self._put(chunk):
-                    return
-            self._put(None)
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            self._put(exc)
-
-    def _put(self, item: _Chunk | BaseException | None) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def stop(self) -> None:
-        """Stop claiming and wait for the thread, so the caller's release sees every claim."""
-        self._stop.set()
-        while self._thread.is_alive():
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                self._thread.join(0.05)
+#: Seconds a bounded run's statement may wait for a lock once its deadline has passed.
+LAST_WAIT = 0.1
 
 
 class _Marks:
@@ -453,18 +300,18 @@ class _Marks:
 
     def __init__(
         self,
-        settle: Callable[[list[_Stored], list[bool], bool, dict[int, str], RequeueResult], None],
+        settle: Callable[[list[Stored], list[bool], bool, dict[int, str], RequeueResult], None],
         result: Any,
     ) -> None:
         self._settle = settle
         self._result = result
-        self._queue: queue.Queue[tuple[list[_Stored], list[bool], bool, dict[int, str]] | None]
+        self._queue: queue.Queue[tuple[list[Stored], list[bool], bool, dict[int, str]] | None]
         self._queue = queue.Queue(2)
         self._error: BaseException | None = None
         self._thread = start_daemon(self._run, "rmq-requeue-marks")
 
     def submit(
-        self, rows: list[_Stored], statuses: list[bool], lost: bool, refused: dict[int, str]
+        self, rows: list[Stored], statuses: list[bool], lost: bool, refused: dict[int, str]
     ) -> None:
         self._raise()
         self._queue.put((rows, statuses, lost, refused))
@@ -490,13 +337,13 @@ class _Marks:
 
 
 def _messages(
-    rows: list[_Stored],
+    rows: list[Stored],
     mode: str,
     names: Names,
     headers: Mapping[str, Any] | None = None,
     room: int | None = None,
     bodies: Mapping[int, bytes] | None = None,
-) -> tuple[list[_Stored], list[Outgoing], list[tuple[_Stored, int]]]:
+) -> tuple[list[Stored], list[Outgoing], list[tuple[Stored, int]]]:
     """The messages that put ``rows`` back to work (see ``core.envelope.requeue_properties``),
     their properties encoded once here: (the rows they are for, the messages, and the rows
     whose properties would take more than ``room`` bytes, with that size). ``bodies``
@@ -531,7 +378,12 @@ def _messages(
 
 
 def _refuse_too_large(
-    rows: list[tuple[_Stored, int]], frame_max: int, result: RequeueResult, token: str, using: str
+    rows: list[tuple[Stored, int]],
+    frame_max: int,
+    result: RequeueResult,
+    token: str,
+    using: str,
+    waits: _LockWaits,
 ) -> None:
     """Rows whose copy cannot fit a frame: not sent, counted failed, free for another run."""
     ParkedClaim.objects.using(using).filter(
@@ -540,11 +392,11 @@ def _refuse_too_large(
     for row, size in rows:
         text = too_large_to_requeue(frame_max, size)
         result.add_refused(row.pk, text)
-        _note_refusal(row.pk, text, using)
+        _note_refusal(row.pk, text, using, waits)
 
 
 def _settle(
-    rows: list[_Stored],
+    rows: list[Stored],
     statuses: list[bool],
     lost: bool,
     refused_by_broker: dict[int, str],
@@ -554,13 +406,15 @@ def _settle(
     user: str,
     mode: str,
     using: str,
+    waits: _LockWaits,
+    held: list[int],
 ) -> None:
     """Mark the confirmed rows requeued and give the others back; count the ones the broker
     refused (not those a lost connection left unconfirmed: the caller raises for them)."""
     done = [row for row, ok in zip(rows, statuses, strict=True) if ok]
     refused = [row for row, ok in zip(rows, statuses, strict=True) if not ok]
     if done:
-        _mark_requeued(done, token, user, mode, using, result)
+        held.extend(_mark_requeued(done, token, user, mode, using, result, waits))
     if refused:  # free for the next run
         ParkedClaim.objects.using(using).filter(
             ids_in([row.pk for row in refused], using), token=token
@@ -570,7 +424,7 @@ def _settle(
             continue
         why = refused_by_broker[row.pk]
         result.add_refused(row.pk, f"the broker refuses it: {why}")
-        _note_refusal(row.pk, f"the broker refuses it: {why}", using)
+        _note_refusal(row.pk, f"the broker refuses it: {why}", using, waits)
     for row in [] if lost else refused:
         if row.pk in refused_by_broker:
             continue
@@ -583,13 +437,15 @@ def _settle(
         result.add_refused(row.pk, text)
 
 
-def _note_refusal(pk: int, why: str, using: str) -> None:
+def _note_refusal(pk: int, why: str, using: str, waits: _LockWaits) -> None:
     """The row stays parked and says why its copy is refused (an event in its history,
     shown on its admin page): requeueing it again as it is cannot help, and its batch's
-    other rows went on without it."""
+    other rows went on without it. A bounded run does not wait for a row another
+    transaction holds: the note is left out (the log keeps it)."""
     logger.error("parked message #%s was not requeued: %s", pk, why)
     with transaction.atomic(using=using):
-        row = ParkedMessage.objects.using(using).select_for_update().filter(pk=pk).first()
+        rows = ParkedMessage.objects.using(using).filter(pk=pk)
+        row = rows.select_for_update(skip_locked=waits.bounded).first()
         if row is None:
             return
         event = {
@@ -602,10 +458,17 @@ def _note_refusal(pk: int, why: str, using: str) -> None:
 
 
 def _mark_requeued(
-    rows: list[_Stored], token: str, user: str, mode: str, using: str, result: RequeueResult
-) -> None:
+    rows: list[Stored],
+    token: str,
+    user: str,
+    mode: str,
+    using: str,
+    result: RequeueResult,
+    waits: _LockWaits | None = None,
+) -> list[int]:
     """Mark ``rows`` requeued, each only if it is as the run read it: still parked, still
-    claimed by this run, requeued as many times as then.
+    claimed by this run, requeued as many times as then; the ids left unmarked because
+    another transaction held them locked (a bounded run only, see ``requeue``).
 
     A copy that failed before this mark re-parked its row, counted the requeue and took the
     claim away (``parking.park``); a claim older than the timeout may be another run's by
@@ -613,23 +476,42 @@ def _mark_requeued(
     which PostgreSQL checks again on the row's newest version when this UPDATE had to wait
     for the re-parking (the claim's EXISTS is read from the statement's snapshot).
     """
+    waits = waits or _LockWaits(None, None)
     now = timezone.now()
     by_count: dict[int, list[int]] = {}
     for row in rows:
         by_count.setdefault(row.requeue_count, []).append(row.pk)
+    locked: list[int] = []
     for count, ids in by_count.items():
         for start in range(0, len(ids), CHUNK_ROWS):
-            ParkedMessage.objects.using(using).filter(
+            chunk = ParkedMessage.objects.using(using).filter(
                 ids_in(ids[start : start + CHUNK_ROWS], using),
-                _held_by(token, using),
+                held_by(token, using),
                 status=ParkedStatus.PARKED,
                 requeue_count=count,
-            ).update(
-                status=ParkedStatus.REQUEUED,
-                status_changed_at=now,
-                status_changed_by=user[:150],
-                requeue_count=count + 1,
             )
+            with locks.bounded(using, waits.seconds()):
+                if waits.bounded and locks.row_locks(using):
+                    # The rows no other transaction holds, locked here until the UPDATE.
+                    free = list(
+                        chunk.select_for_update(skip_locked=True, no_key=True).values_list(
+                            "pk", flat=True
+                        )
+                    )
+                    locked.extend(set(chunk.values_list("pk", flat=True)) - set(free))
+                    chunk = ParkedMessage.objects.using(using).filter(ids_in(free, using))
+                chunk.update(
+                    status=ParkedStatus.REQUEUED,
+                    status_changed_at=now,
+                    status_changed_by=user[:150],
+                    requeue_count=count + 1,
+                )
+    if locked:
+        logger.warning(
+            "requeue: %d confirmed copies whose rows another transaction holds are not "
+            "marked now; their claims keep them from being sent again",
+            len(locked),
+        )
     ids = [row.pk for row in rows]
     result.requeued += len(ids)
     if len(result.requeued_ids) < IDS_KEPT:
@@ -637,3 +519,4 @@ def _mark_requeued(
     signals.message_requeued.send_robust(
         sender="django_rmq_retry", parked_ids=ids, user=user, mode=mode
     )
+    return sorted(locked)

@@ -15,8 +15,8 @@ from .. import signals
 from ..conf import app_settings
 from ..db.batches import delete_in_batches
 from ..models import ParkedGroupCount, ParkedMessage, ParkedStatus
+from .claims import being_requeued
 from .group_counts import counts_kept
-from .requeuing import being_requeued
 
 
 def discard(
