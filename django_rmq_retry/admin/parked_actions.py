@@ -80,7 +80,7 @@ class OperationsMixin(admin.ModelAdmin):
         return TemplateResponse(request, "django_rmq_retry/admin/republish_confirm.html", context)
 
     @admin.action(
-        description=_("Requeue selected in the background (canary, ramp, rate)…"),
+        description=_("Requeue selected with a canary, ramp or rate…"),
         permissions=["requeue"],
     )
     def requeue_in_background(
@@ -114,7 +114,7 @@ class OperationsMixin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": _("Requeue in the background"),
+            "title": _("Requeue with a canary, ramp or rate"),
             "form": form if form.is_bound else OperationForm(),
             "count": _capped_count(queryset.filter(status=ParkedStatus.PARKED), COUNT_CAP),
             "action": "requeue_in_background",
