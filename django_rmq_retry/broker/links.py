@@ -318,10 +318,14 @@ def select_link(
     *,
     url: str | None = None,
     after: str | None = None,
+    services: Any = None,
     **overrides: Any,
 ) -> None:
-    """Open a link on the pika ``ioloop`` (see :func:`asyncio_link`)."""
-    _connect(SelectConnection, ioloop, SelectClock(ioloop), on_done, url, after, overrides)
+    """Open a link on the pika ``ioloop`` (see :func:`asyncio_link`); ``services`` are pika
+    I/O services over that loop to use instead of pika's default ones
+    (``joining.JoiningServices``)."""
+    make, clock = SelectConnection, SelectClock(ioloop)
+    _connect(make, services or ioloop, clock, on_done, url, after, overrides)
 
 
 def new_ioloop() -> IOLoop:

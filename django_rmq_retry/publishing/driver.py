@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from ..broker.confirms import Outgoing
 from ..broker.headerguard import decoding
+from ..broker.joining import JoiningServices
 from ..broker.links import Link, new_ioloop, select_link
 from ..broker.translate import describe
 from ..broker.window import ConfirmWindow
@@ -81,6 +82,7 @@ class LinkDriver:
         self.window: ConfirmWindow | None = None
         self._url: str | None = None
         self._ioloop: Any = None
+        self._services: JoiningServices | None = None
 
     @property
     def is_open(self) -> bool:
@@ -96,6 +98,7 @@ class LinkDriver:
         if self._ioloop is None:
             self._ioloop = new_ioloop()
             self._ioloop.activate_poller()  # for good: the loop is run a pass at a time
+            self._services = JoiningServices(self._ioloop)
         return self._ioloop
 
     def _run_until(self, done: Callable[[], bool], limit: float | None = None) -> None:
@@ -108,6 +111,8 @@ class LinkDriver:
         try:
             with decoding():  # pika decodes a returned message's headers in the callbacks
                 while True:
+                    assert self._services is not None
+                    self._services.flush()  # what was written since the last pass, joined
                     ioloop.poll()  # waits for I/O until the next timer is due, at most
                     ioloop.process_timeouts()
                     if expired or done():
@@ -128,7 +133,10 @@ class LinkDriver:
         self.drop()
         self._url = url
         done: list[Link | Exception] = []
-        select_link(self._loop(), done.append, url=url, after=after, name=self.name)
+        ioloop = self._loop()
+        select_link(
+            ioloop, done.append, url=url, after=after, services=self._services, name=self.name
+        )
         self._run_until(lambda: bool(done))
         outcome = done[0]
         if isinstance(outcome, Exception):
@@ -144,7 +152,8 @@ class LinkDriver:
                 self.link = outcome
             on_done(outcome)
 
-        select_link(self._loop(), opened, url=self._url, name=self.name)
+        ioloop = self._loop()
+        select_link(ioloop, opened, url=self._url, services=self._services, name=self.name)
 
     def drop(self) -> None:
         """Forget the window and the link, closing them without waiting: the broker's
@@ -167,11 +176,11 @@ class LinkDriver:
             self._run_until(lambda: link.close_reason is not None, CLOSE_WAIT)
         self._ioloop.deactivate_poller()
         self._ioloop.close()
-        self._ioloop = None
+        self._ioloop = self._services = None
 
     def forget(self) -> None:
         """After a fork: the link and the loop are the parent's; leave them untouched."""
-        self.link = self.window = self._ioloop = None
+        self.link = self.window = self._ioloop = self._services = None
 
     # Publishing --------------------------------------------------------------------------
     def _window_now(self) -> ConfirmWindow:
