@@ -15,7 +15,7 @@ from typing import Any
 
 from .connection import Consuming
 from .links import Link
-from .translate import describe
+from .translate import describe, translated
 
 
 class ConsumeChannel(Consuming):
@@ -47,7 +47,8 @@ class ConsumeChannel(Consuming):
             channel.close_reason = describe(reason)
             on_close(channel.close_reason)
 
-        channel = cls(link.channel(opened, closed))
+        with translated():  # a link closed meanwhile: ConnectionLost
+            channel = cls(link.channel(opened, closed))
         return channel
 
 

@@ -143,7 +143,7 @@ class LoopConsumer(Dispatcher):
         lost = self._lost
         task = asyncio.ensure_future(step)
         await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
+        if lost.done():  # even if the step is done too: what follows would use a dead link
             task.cancel()
             raise lost.result()
         return task.result()
@@ -291,11 +291,17 @@ class LoopConsumer(Dispatcher):
         await self._warm_shutdown()
 
     async def _warm_shutdown(self) -> None:
-        """Stop consuming, let in-flight receivers finish and act on them, then close."""
+        """Stop consuming, let in-flight receivers finish and act on them, then close.
+
+        Within ``shutdown_timeout``: with async receivers, the last ``ABANDON_WAIT`` (at
+        most a quarter of it) is kept to abandon the attempts still running, so none
+        completes after its delivery went back to the broker."""
         if not self._begin_warm_shutdown():
             return
+        abandon = getattr(self._pool, "abandon_running", None)
+        unwind = min(ABANDON_WAIT, self.shutdown_timeout / 4) if abandon is not None else 0.0
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_timeout
+        deadline = loop.time() + self.shutdown_timeout - unwind
         while self._inflight and (left := deadline - loop.time()) > 0:
             try:
                 await self._tick(min(TICK, left))
@@ -303,9 +309,8 @@ class LoopConsumer(Dispatcher):
                 return  # the broker has every unsettled delivery back
             self._still_waiting()
         if self._inflight:
-            abandon = getattr(self._pool, "abandon_running", None)
-            if abandon is not None:  # async attempts out of time never complete later
-                await loop.run_in_executor(None, abandon, ABANDON_WAIT)
+            if abandon is not None:
+                await loop.run_in_executor(None, abandon, unwind)
             self._log_unfinished()
         self._close_connections()
 
