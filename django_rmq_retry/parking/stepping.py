@@ -45,8 +45,11 @@ logger = logging.getLogger("django_rmq_retry.operations")
 RAMP = (1, 5, 20, 100, 500)
 #: A paced step sends at most this many seconds' worth of the rate (smooth, not bursty).
 PACE_SECONDS = 0.5
-#: Seconds of lag a paced step may catch up (the rate's clock never runs further back).
-CATCH_UP_SECONDS = 1.0
+#: Seconds of lag a paced step may catch up: a step this late or less sends what it is
+#: behind. A later step (its stepper was frozen, paused by the host, or picked the operation
+#: up late) starts the rate's clock again from now and makes up for nothing, so a 1 s window
+#: at the receiver holds at most ``rate * (1 + PACE_SECONDS + CATCH_UP_SECONDS)`` copies.
+CATCH_UP_SECONDS = 0.25
 #: Seconds between two steps of an operation waiting for outcomes.
 WAIT_SECONDS = 0.5
 #: Rows a step sends at most: every id of a step comes back in its ``RequeueResult``.
@@ -94,16 +97,22 @@ def _wait(op: RequeueOperation, mine: str, now: datetime, reason: str) -> None:
     )
 
 
+def _lag(op: RequeueOperation, now: datetime) -> float:
+    """Seconds this step is behind the rate's clock that it may catch up: a step takes time
+    of its own and wakes a little late. Beyond ``CATCH_UP_SECONDS`` the lag is a stall, not
+    lateness: catching it up would send the lost seconds at once, a burst at the receiver."""
+    lag = (now - op.next_at).total_seconds()
+    return lag if 0.0 < lag <= CATCH_UP_SECONDS else 0.0
+
+
 def _batch_size(op: RequeueOperation, now: datetime) -> int:
-    """Rows the next step sends. With a rate: half a second's worth, plus what the steps
-    fell behind their clock (a step takes time of its own; at most a second is caught up,
-    so a pause never turns into a burst)."""
+    """Rows the next step sends. With a rate: half a second's worth, plus the lag it may
+    catch up (``_lag``)."""
     size = int(app_settings.BATCH_SIZE)
     if op.ramp and op.step < len(RAMP):
         size = min(size, RAMP[op.step])
     if op.rate:
-        behind = min(CATCH_UP_SECONDS, max(0.0, (now - op.next_at).total_seconds()))
-        size = min(size, max(1, math.ceil(op.rate * (PACE_SECONDS + behind))))
+        size = min(size, max(1, math.ceil(op.rate * (PACE_SECONDS + _lag(op, now)))))
     return size
 
 
@@ -199,8 +208,9 @@ def _step(op: RequeueOperation, mine: str, now: datetime) -> None:
         return
     if op.rate and sent:
         # The rate's clock: each step's messages take sent / rate seconds, counted from
-        # when the last step was due (no drift), never from long ago (no catch-up burst).
-        start = max(op.next_at, now - timedelta(seconds=CATCH_UP_SECONDS))
+        # when this step was due if it was only late (no drift), from now after a stall
+        # (no catch-up burst).
+        start = now - timedelta(seconds=_lag(op, now))
         next_at = start + timedelta(seconds=sent / op.rate)
     elif sent:
         next_at = now
