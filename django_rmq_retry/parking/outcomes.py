@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,8 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ..core.backoff import CappedBackoff
+from ..db.threads import start_daemon
 from ..models import (
     ItemState,
     ParkedMessage,
@@ -46,6 +49,10 @@ _handled: list[tuple[int, int, int]] = []
 _handled_lock = threading.Lock()
 #: Set while an operations runner of this process flushes the reports.
 flusher_running = threading.Event()
+#: The thread writing reports again after a failed write, when no runner does (or None).
+_retrier: threading.Thread | None = None
+#: Seconds between two tries of that thread: from a round of the runner's to a few of them.
+RETRY_START, RETRY_CAP = 0.5, 5.0
 
 
 def operation_tag(created_by: str, op_id: int) -> str:
@@ -61,9 +68,13 @@ def report_handled(
 
     With the process's operations thread running (the consumer's housekeeper), the report
     waits in memory for its next round (at most a second; one UPDATE per round, not one
-    per message on the receiver's thread); otherwise it is written at once. Never raises:
-    a lost report leaves the item waiting until ``OPERATION_OUTCOME_TIMEOUT``, then counted
-    "outcome unknown", never a message lost or sent twice.
+    per message on the receiver's thread); otherwise it is written at once, and if that
+    write fails (a lock timeout, the database away) a thread of its own writes it again
+    until it gets through, with the reports that come meanwhile: without it, an
+    operation's last reports would wait for a next report that never comes. Never raises:
+    a lost report (the process died first) leaves the item waiting until
+    ``OPERATION_OUTCOME_TIMEOUT``, then counted "outcome unknown", never a message lost or
+    sent twice.
     """
     if not headers:
         return
@@ -79,8 +90,38 @@ def report_handled(
         return
     with _handled_lock:
         _handled.append(key)
-    if not flusher_running.is_set():
+        retrying = _retrier is not None
+    if not flusher_running.is_set() and not retrying:
         flush_handled()
+        _retry_what_is_left()
+
+
+def _retry_what_is_left() -> None:
+    """Start the retrying thread if reports are left over from a failed write."""
+    global _retrier
+    with _handled_lock:
+        if _handled and _retrier is None and not flusher_running.is_set():
+            _retrier = start_daemon(_retry, "rmq-operation-reports")
+
+
+def _retry() -> None:
+    """Write the reports left over until none is (or a runner flushes them), with a capped
+    backoff; the reports that arrive meanwhile wait here instead of each trying (and
+    waiting on the database) on a receiver's thread."""
+    global _retrier
+    backoff = CappedBackoff(RETRY_START, RETRY_CAP)
+    try:
+        while True:
+            with _handled_lock:  # the decision and the hand-back in one hold of the lock
+                if not _handled or flusher_running.is_set():
+                    _retrier = None
+                    return
+            time.sleep(backoff.next())
+            flush_handled()
+    except BaseException:
+        with _handled_lock:
+            _retrier = None
+        raise
 
 
 def flush_handled() -> int:
