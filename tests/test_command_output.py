@@ -385,7 +385,7 @@ def test_the_hint_for_a_known_receiver_without_a_queue_says_to_declare_it():
 def test_without_the_app_in_installed_apps_the_hints_say_to_add_it(settings):
     """A project that imports Topic but forgot INSTALLED_APPS: the hints must not name
     commands its manage.py does not have."""
-    from django_rmq_retry.publishing.publisher import _undeclared_hint
+    from django_rmq_retry.publishing.results import undeclared_hint
     from django_rmq_retry.registry import default_registry
 
     installed = [app for app in settings.INSTALLED_APPS if app != "django_rmq_retry"]
@@ -393,7 +393,7 @@ def test_without_the_app_in_installed_apps_the_hints_say_to_add_it(settings):
     settings.INSTALLED_APPS = installed
     for hint in (
         default_registry.unrouted_hint("test.other", "receivers"),
-        _undeclared_hint("404 NOT_FOUND - no exchange 'rmq_retry_test.work' in vhost '/'"),
+        undeclared_hint("404 NOT_FOUND - no exchange 'rmq_retry_test.work' in vhost '/'"),
     ):
         assert "'django_rmq_retry' is not in INSTALLED_APPS: add it" in hint
         assert "start `manage.py rmq_consume`" not in hint

@@ -23,21 +23,16 @@ reconnects nor pauses: the relay keeps what got no answer, and backs a nacked ro
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from django.core.serializers.json import DjangoJSONEncoder
-
 from .. import broker
-from ..conf import app_settings, current_names, current_plan
-from ..core import bodies
+from ..conf import app_settings, current_plan
 from ..core.backoff import pauses_within
 from ..core.envelope import build_properties
 from ..core.errors import (
@@ -48,8 +43,18 @@ from ..core.errors import (
     PublishError,
     UnroutableError,
 )
-from ..registry import app_missing_hint, default_registry
+from ..registry import default_registry
 from .batch_stream import Batch, BatchStream
+from .results import (
+    PublishOutcome,
+    PublishResult,
+    answers,
+    batch_error,
+    encode_body,
+    outgoing,
+    undeclared_hint,
+    unrouted_hint,
+)
 
 if TYPE_CHECKING:  # the driver loads pika: imported when a publisher first connects
     from ..broker.links import Link
@@ -81,11 +86,7 @@ def nack_pauses() -> tuple[float, ...]:
 
 _pause = time.sleep  # (tests make the pause do something)
 
-#: Bodies become JSON with Django's encoder (dates, decimals, UUIDs).
-encode_body = functools.partial(bodies.encode_body, encoder=DjangoJSONEncoder)
-
 _T = TypeVar("_T")
-_E = TypeVar("_E", bound=PublishError)
 
 __all__ = [
     "BATCH_WINDOW",
@@ -96,66 +97,6 @@ __all__ = [
     "encode_body",
     "nack_pauses",
 ]
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    message_id: str
-    exchange: str
-    routing_key: str
-
-
-@dataclass(frozen=True)
-class PublishOutcome:
-    """What the broker said of each message a stream published (:meth:`Publisher.stream_items`).
-
-    A message is in one list at most: ``confirmed`` (stored), ``failed`` (nacked, or
-    returned as unroutable: a later attempt may succeed) or ``refused`` (for what it
-    carries, ``item.refused`` says why: the same message will never be taken). A message
-    in none got no answer: ``error`` then says why the stream stopped (the broker could not
-    be reached, the channel closed, no confirm in time), and it may or may not be stored.
-    """
-
-    confirmed: list[broker.Outgoing]
-    failed: list[broker.Outgoing]
-    refused: list[broker.Outgoing]
-    error: PublishError | None = None
-
-    @classmethod
-    def of(
-        cls, sent: Iterable[broker.Outgoing], error: PublishError | None = None
-    ) -> PublishOutcome:
-        """The outcome of the messages ``sent``, each as its answer left it."""
-        confirmed, failed, refused = [], [], []
-        for item in sent:
-            if item.confirmed:
-                confirmed.append(item)
-            elif item.refused:
-                refused.append(item)
-            elif item.nacked or item.returned:
-                failed.append(item)
-        return cls(confirmed, failed, refused, error)
-
-
-def outgoing(
-    routing_key: str,
-    bodies: Iterable[Any],
-    *,
-    headers: Mapping[str, Any] | None = None,
-    content_type: str | None = None,
-    exchange: str | None = None,
-    **properties: Any,
-) -> list[broker.Outgoing]:
-    """``bodies`` encoded as messages for ``routing_key``; every body is encoded before the
-    first one is sent, so one that is not JSON serialisable publishes nothing."""
-    names = current_names()
-    exchange = exchange if exchange is not None else names.work_exchange
-    items = []
-    for body in bodies:
-        data, ctype = encode_body(body, content_type)
-        props = build_properties(ctype, headers, properties, names)
-        items.append(broker.Outgoing(exchange, routing_key, data, props))
-    return items
 
 
 class Publisher:
@@ -343,7 +284,7 @@ class Publisher:
         refused = [i for i in items if i.refused]
         if refused:
             first = refused[0]
-            error = _batch_error(
+            error = batch_error(
                 items,
                 f"the broker refuses message {first.message_id!r} to {first.exchange!r} "
                 f"(routing key {first.routing_key!r}): {first.refused}"
@@ -355,18 +296,18 @@ class Publisher:
         nacked = sum(1 for i in items if i.nacked)
         returned = sum(1 for i in items if i.returned)
         if nacked:
-            raise _batch_error(
+            raise batch_error(
                 items,
                 f"the broker refused (nacked) {nacked} message(s) to {items[0].exchange!r}"
                 + (f" and returned {returned} as unroutable" if returned else ""),
                 NackedError,
             )
         if returned:
-            raise _batch_error(
+            raise batch_error(
                 items,
                 f"no queue is bound for routing key {items[0].routing_key!r} on exchange "
                 f"{items[0].exchange!r}: {returned} message(s) were returned, not stored"
-                + _unrouted_hint(items[0]),
+                + unrouted_hint(items[0]),
                 UnroutableError,
             )
 
@@ -535,42 +476,26 @@ class Publisher:
         def give_up(exc: ConnectionLost) -> PublishError | None:
             if all(items[i].confirmed for i in todo):
                 return None
-            return _batch_error(items, f"publish failed: {exc}", PublishError)
+            return batch_error(items, f"publish failed: {exc}", PublishError)
 
         def unreachable(why: str) -> PublishError:
-            return PublishError(why, **_answers(items))
+            return PublishError(why, **answers(items))
 
         outcome = self._reconnecting(publish, give_up, unreachable)
         if outcome is None:
             return
         if outcome.channel_error is not None:
-            raise _batch_error(
+            raise batch_error(
                 items,
                 f"publish to {items[0].exchange!r} failed: {outcome.channel_error}"
-                + _undeclared_hint(str(outcome.channel_error)),
+                + undeclared_hint(str(outcome.channel_error)),
                 PublishError,
             )
         if outcome.timed_out:
             self._drop()
-            raise _batch_error(
+            raise batch_error(
                 items, "the broker did not confirm every message in time", PublishError
             )
-
-
-def _answers(items: Sequence[broker.Outgoing]) -> dict[str, list[Any]]:
-    """A ``PublishError``'s ``confirmed`` (the :class:`PublishResult` of each of ``items``
-    the broker confirmed) and ``failed`` (the others' message ids)."""
-    return {
-        "confirmed": [
-            PublishResult(i.message_id, i.exchange, i.routing_key) for i in items if i.confirmed
-        ],
-        "failed": [i.message_id for i in items if not i.confirmed],
-    }
-
-
-def _batch_error(items: list[broker.Outgoing], text: str, kind: type[_E]) -> _E:
-    answers = _answers(items)
-    return kind(f"{text} ({len(answers['confirmed'])} of {len(items)} confirmed)", **answers)
 
 
 class _Slot:
@@ -671,25 +596,3 @@ def reset_publisher() -> None:
     _local.slot = None
     if slot is not None:
         _close_quietly(slot.publisher)
-
-
-def _unrouted_hint(item: broker.Outgoing) -> str:
-    """For a topic's send (the work exchange): which receivers this process knows."""
-    if item.exchange != current_names().work_exchange:
-        return ""
-    hint = default_registry.unrouted_hint(item.routing_key, str(app_settings.DISCOVER_MODULE))
-    return f". {hint}"
-
-
-def _undeclared_hint(error: str) -> str:
-    """A publish to one of our exchanges that the broker does not have: the topology was
-    never declared there (publishers need write permission only and declare nothing)."""
-    if "NOT_FOUND" not in error or f"'{current_names().prefix}." not in error:
-        return ""
-    missing = app_missing_hint()
-    if missing:
-        return f". {missing}"
-    return (
-        ". The topology is not declared on this broker: run `manage.py rmq_setup` (or start "
-        "`manage.py rmq_consume`) with the same BROKER_URL and PREFIX first"
-    )
