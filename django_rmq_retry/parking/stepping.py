@@ -57,6 +57,11 @@ MAX_STEP = 1000
 assert MAX_STEP <= IDS_KEPT
 #: The header (under the prefix) naming the operation on a requeued copy.
 HEADER = "operation"
+#: Seconds a step's statement may wait for a row another transaction holds locked (an
+#: editor's ``select_for_update``, a long transaction). A row locked when the step would
+#: claim it is left pending for the next step (``requeue``'s ``lock_wait``), so a step never
+#: waits on another transaction for longer than this.
+LOCK_WAIT = 5.0
 
 
 def header_name() -> str:
@@ -266,6 +271,7 @@ def _send(op: RequeueOperation, mine: str, size: int) -> tuple[int, str] | None:
             user=operation_tag(op.created_by, op.pk),
             mode=op.mode,
             headers={header_name(): str(op.pk)},
+            lock_wait=LOCK_WAIT,
         )
     except PublishError as exc:
         logger.warning("requeue operation #%s: broker unavailable (%s)", op.pk, exc)

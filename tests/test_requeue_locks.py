@@ -1,0 +1,214 @@
+"""A row of a requeue's selection held locked by another transaction (an editor's
+``select_for_update``, a long transaction): neither the admin's request nor an operation's
+step waits for it. The step leaves the row for the next one, and once the lock is gone the
+operation sends every row, once.
+
+PostgreSQL only: SQLite locks no rows (its one wait, for the database's write lock, is
+bounded by the connection's ``timeout`` option).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections, transaction
+from django.urls import reverse
+
+from django_rmq_retry.models import (
+    ItemState,
+    OperationState,
+    ParkedClaim,
+    ParkedMessage,
+    ParkedStatus,
+    RequeueItem,
+    RequeueOperation,
+)
+from django_rmq_retry.parking import operations, requeuing
+from tests.test_admin import operator, post_action
+from tests.test_admin_requeue_background import run_until_settled
+from tests.test_operations import handled_ids, park_rows
+
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+        reason="row locks: PostgreSQL only (SQLite locks the whole database, not rows)",
+    ),
+]
+
+#: Generous: a step that waits for the lock never ends while the test holds it.
+PATIENCE = 120
+
+
+class Locker:
+    """Another connection holding ``pk``'s row with ``SELECT ... FOR UPDATE`` until
+    :meth:`release`."""
+
+    def __init__(self, pk: int) -> None:
+        self.pk = pk
+        self.locked = threading.Event()
+        self.go = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert self.locked.wait(PATIENCE)
+
+    def _run(self) -> None:
+        try:
+            with transaction.atomic():
+                list(ParkedMessage.objects.select_for_update().filter(pk=self.pk))
+                self.locked.set()
+                self.go.wait(PATIENCE * 2)
+        finally:
+            connections.close_all()
+
+    def held(self) -> bool:
+        return self.thread.is_alive() and not self.go.is_set()
+
+    def release(self) -> None:
+        self.go.set()
+        self.thread.join(PATIENCE)
+
+
+def returns_while(locker: Locker, call: Callable[[], Any]) -> Any:
+    """Run ``call`` on a thread of its own; what it returned, asserting it returned while
+    ``locker`` still held its row (the lock is released only after, whatever happens)."""
+    out: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.append(call())
+        finally:
+            connections.close_all()
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        finished = done.wait(PATIENCE)
+        assert finished, "it waited for the locked row"
+        assert locker.held()
+    finally:
+        locker.release()
+        thread.join(PATIENCE)
+    return out[0] if out else None
+
+
+def test_a_locked_row_delays_neither_the_click_nor_the_step_and_is_sent_once_after(rmq, client):
+    n = 10
+    rows = park_rows(rmq, [{"id": i} for i in range(n)])
+    locked = rows[3]
+    client.force_login(operator("requeue_parkedmessage"))
+    locker = Locker(locked.pk)
+
+    # The click, while the row is held: it only writes the operation.
+    response = None
+    try:
+        response = post_action(client, "requeue_selected", [rows[0].pk], across=True)
+        assert locker.held()
+    finally:
+        if response is None:
+            locker.release()
+    op = RequeueOperation.objects.get()
+    assert op.total == n
+
+    # A step while the row is held: it sends the others and leaves that one pending.
+    returns_while(locker, lambda: operations.advance(op.pk, owner="stepper"))
+    op.refresh_from_db()
+    assert (op.sent, op.skipped, op.refused) == (n - 1, 0, 0)
+    item = RequeueItem.objects.get(operation=op, parked_id=locked.pk)
+    assert item.state == ItemState.PENDING
+    locked.refresh_from_db()
+    assert (locked.status, locked.requeue_count) == (ParkedStatus.PARKED, 0)
+    assert not ParkedClaim.objects.exists()
+    assert rmq.depth(rmq.queue("alpha")) == n - 1
+
+    # The lock is gone: a consumer steps the rest and handles every copy, once each.
+    op = run_until_settled(rmq, op)
+    assert op.state == OperationState.DONE, op.state_reason
+    assert (op.sent, op.handled) == (n, n)
+    assert handled_ids(rmq) == Counter(range(n))
+    assert not ParkedMessage.objects.filter(status=ParkedStatus.PARKED).exists()
+
+
+@contextmanager
+def locked_once_confirmed(monkeypatch: pytest.MonkeyPatch, pk: int) -> Iterator[list[Locker]]:
+    """Another transaction locks row ``pk`` once the broker confirmed the requeue's first
+    batch, before the run marks it: the lock arrives after the claim."""
+    real = requeuing.get_publisher
+    lockers: list[Locker] = []
+
+    class Hooked:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def stream_batches(self, batches: Any, answered: Any, **kwargs: Any) -> Any:
+            def hooked(batch: Any) -> None:
+                if not lockers:
+                    lockers.append(Locker(pk))
+                answered(batch)
+
+            return self.inner.stream_batches(batches, hooked, **kwargs)
+
+    monkeypatch.setattr(requeuing, "get_publisher", lambda *a, **k: Hooked(real(*a, **k)))
+    try:
+        yield lockers
+    finally:
+        for locker in lockers:
+            locker.release()
+
+
+def test_a_row_locked_between_claim_and_mark_is_left_to_its_outcome_and_sent_once(
+    rmq, client, monkeypatch
+):
+    n = 6
+    rows = park_rows(rmq, [{"id": i} for i in range(n)])
+    locked = rows[2]
+    client.force_login(operator("requeue_parkedmessage"))
+    post_action(client, "requeue_selected", [rows[0].pk], across=True)
+    op = RequeueOperation.objects.get()
+
+    with locked_once_confirmed(monkeypatch, locked.pk) as lockers:
+        # The step's mark meets the lock: it does not wait for it.
+        stepped = threading.Event()
+
+        def step() -> None:
+            try:
+                operations.advance(op.pk, owner="stepper")
+            finally:
+                connections.close_all()
+                stepped.set()
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        assert stepped.wait(PATIENCE), "the step waited for the locked row"
+        assert lockers and lockers[0].held()
+        thread.join(PATIENCE)
+        op.refresh_from_db()
+        # Its copy is out (confirmed): counted sent, never sent again; the row is not
+        # marked yet, and its claim keeps every other run off it.
+        assert op.sent == n
+        locked.refresh_from_db()
+        assert locked.status == ParkedStatus.PARKED
+        assert list(ParkedClaim.objects.values_list("parked_id", flat=True)) == [locked.pk]
+        assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n - 1
+
+    # The lock is gone; the consumer handles every copy once, and its report marks the row.
+    op = run_until_settled(rmq, op)
+    assert op.state == OperationState.DONE, op.state_reason
+    assert (op.sent, op.handled) == (n, n)
+    assert handled_ids(rmq) == Counter(range(n))
+    locked.refresh_from_db()
+    assert (locked.status, locked.requeue_count) == (ParkedStatus.REQUEUED, 1)
+    page = client.get(reverse("admin:django_rmq_retry_requeueoperation_change", args=[op.pk]))
+    assert page.status_code == 200
