@@ -244,3 +244,38 @@ def test_a_message_to_an_exchange_refused_with_403_is_found_and_the_rest_flow(rm
     held = OutboxMessage.objects.get()
     assert held.status == OutboxStatus.HELD and "403" in held.last_error
     assert (total.published, total.held) == (10, 1)
+
+
+def test_a_search_that_outlasts_the_heartbeat_keeps_the_connection(rmq, monkeypatch):
+    """The search for a refused message is timers on the publisher's loop, which the
+    waiting thread runs: heartbeats are served while it lasts (here a second per suspect,
+    well past the two missed 2 s heartbeats after which RabbitMQ drops a silent peer), so the
+    connection that carried the batch is the one still open after it."""
+    from django_rmq_retry.broker import window
+    from django_rmq_retry.publishing.publisher import Publisher
+    from tests.conftest import BROKER_URL
+
+    monkeypatch.setattr(window, "ISOLATION_STEP_PAUSE", 1.0)
+    monkeypatch.setattr(confirms, "early_refusal", lambda *a, **k: "")  # the broker finds it
+    queue = f"{rmq.prefix}.heartbeat"
+    rmq.ch().queue_declare(queue, auto_delete=True)
+    publisher = Publisher(f"{BROKER_URL}?heartbeat=2", declare=False)
+    try:
+        publisher.send_items([confirms.Outgoing("", queue, b"warm", {"message_id": "warm"})])
+        link = publisher._link
+        items = [
+            confirms.Outgoing("", queue, json.dumps({"id": i}).encode(), {"message_id": f"m{i}"})
+            for i in range(8)
+        ]
+        culprit = confirms.Outgoing("", queue, b"{}", {"message_id": "bad", "user_id": "mallory"})
+        items.insert(2, culprit)
+        with pytest.raises(MessageRefused, match="'bad'"):
+            publisher.send_items(items)
+        assert publisher._link is link and link.is_open  # never dropped, never replaced
+        assert [item.message_id for item in items if not item.confirmed] == ["bad"]
+    finally:
+        publisher.close()
+    stored = [props.message_id for _m, props, _b in rmq.get_all(queue)]
+    rmq.ch().queue_delete(queue)
+    assert _first_seen(stored) == ["warm"] + [f"m{i}" for i in range(8)]
+    assert all(stored.count(f"m{i}") <= 2 for i in range(8))
