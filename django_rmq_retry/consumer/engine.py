@@ -27,7 +27,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .. import broker
@@ -35,7 +35,6 @@ from ..conf import app_settings, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.errors import BrokerUnavailable, ConnectionLost, MessageRefused, TopologyError
 from ..core.topology_plan import Plan
-from ..registry import Receiver
 from .actions import Delivery, PublishRetry
 from .dispatch import Dispatcher, Stats, _log_blocked
 
@@ -68,15 +67,13 @@ class LoopConsumer(Dispatcher):
     ``loop.Consumer``: same arguments, ``run()``, ``request_stop()``, ``stopping``,
     ``running()``, ``stats``."""
 
-    def __init__(self, receivers: Sequence[Receiver], **options: Any) -> None:
-        super().__init__(receivers, **options)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._connection: broker.Link | None = None
-        self._copies_link: broker.Link | None = None
-        self._window: broker.ConfirmWindow | None = None
-        #: Resolved (with the ``ConnectionLost`` to raise) once this generation is lost.
-        self._lost: asyncio.Future[ConnectionLost] | None = None
-        self._flush_due = False
+    _loop: asyncio.AbstractEventLoop | None = None
+    _connection: broker.Link | None
+    _copies_link: broker.Link | None = None
+    _window: broker.ConfirmWindow | None = None
+    #: Resolved (with the ``ConnectionLost`` to raise) once this generation is lost.
+    _lost: asyncio.Future[ConnectionLost] | None = None
+    _flush_due = False
 
     # Public control -------------------------------------------------------------------------
     def run(self) -> Stats:

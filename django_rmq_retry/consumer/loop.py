@@ -16,14 +16,13 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from .. import broker
 from ..conf import app_settings, current_plan
 from ..core.backoff import CappedBackoff
 from ..core.errors import BrokerUnavailable, ConnectionLost, MessageRefused, TopologyError
-from ..registry import Receiver
 from .actions import Delivery, PublishRetry
 from .dispatch import Dispatcher, Stats, _log_blocked
 
@@ -39,15 +38,14 @@ COPY_CONFIRM_WAIT = 30.0
 class Consumer(Dispatcher):
     """Consume the given receivers' queues until stopped (or a bounded run ends)."""
 
-    def __init__(self, receivers: Sequence[Receiver], **options: Any) -> None:
-        super().__init__(receivers, **options)
-        self._connection: broker.Connection | None = None
-        self._copies_connection: broker.Connection | None = None
-        self._copies: broker.ConfirmChannel | None = None
-        #: Retry copies published and not yet answered, in publish order, by the original's
-        #: delivery tag: what to publish again one by one if the broker refuses one of them.
-        self._copies_waiting: dict[int, tuple[Delivery, PublishRetry, _OnSettled]] = {}
-        self._copies_due = 0.0  # when the copies' connection is pumped next without a copy
+    _connection: broker.Connection | None
+    _copies_connection: broker.Connection | None = None
+    _copies: broker.ConfirmChannel | None = None
+    #: Retry copies published and not yet answered, in publish order, by the original's
+    #: delivery tag: what to publish again one by one if the broker refuses one of them
+    #: (a new one per connection).
+    _copies_waiting: dict[int, tuple[Delivery, PublishRetry, _OnSettled]]
+    _copies_due = 0.0  # when the copies' connection is pumped next without a copy
 
     def run(self) -> Stats:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
@@ -89,7 +87,7 @@ class Consumer(Dispatcher):
         channel = self._connection.channel()
         plan = current_plan(self.receivers, self.names)
         channel.declare(plan)
-        self._copies_waiting.clear()
+        self._copies_waiting = {}
         self._open_copies()
         self._start_consuming(channel, plan, self._connection.url)
 
