@@ -407,9 +407,29 @@ def test_unroutable_rows_stay_parked_and_errors_show_no_traceback(rmq, client):
     for row in lost:
         row.refresh_from_db()
         assert (row.status, row.requeue_count) == (ParkedStatus.PARKED, 0)
+        # Why, on the row's own page: the operation's shows counts.
+        assert row.history[-1]["event"] == "requeue refused"
+        assert (
+            "no queue is bound for routing key 'test.nobody-listens'" in (row.history[-1]["reason"])
+        )
+        detail = client.get(reverse("admin:django_rmq_retry_parkedmessage_change", args=[row.pk]))
+        assert "no queue is bound for routing key" in detail.content.decode()
     assert not ParkedClaim.objects.exists()  # the failed ones were let go
     ok.refresh_from_db()
     assert ok.status == ParkedStatus.REQUEUED
+    # The copy that went out is handled (by alpha and beta: a topic's receivers); the
+    # operation ends and says how many the broker refused.
+    call_command("rmq_consume", "alpha", "beta", max_messages=2, max_idle_time=10, verbosity=0)
+
+    def done() -> bool:
+        operations.advance_due(only=op.pk)
+        return RequeueOperation.objects.get(pk=op.pk).state == OperationState.DONE
+
+    assert wait_for(done, 60, interval=0.1)
+    op.refresh_from_db()
+    assert op.state_reason == (
+        "Done: 1 handled, 0 failed again, 2 refused by the broker (each one's history says why)."
+    )
     page = client.get(reverse("admin:django_rmq_retry_requeueoperation_change", args=[op.pk]))
     assert page.status_code == 200
     assert "Traceback" not in page.content.decode()

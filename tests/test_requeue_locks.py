@@ -123,6 +123,9 @@ def test_a_locked_row_delays_neither_the_click_nor_the_step_and_is_sent_once_aft
     returns_while(locker, lambda: operations.advance(op.pk, owner="stepper"))
     op.refresh_from_db()
     assert (op.sent, op.skipped, op.refused) == (n - 1, 0, 0)
+    assert op.state_reason == (
+        "1 message(s) held by another requeue or transaction: tried again at the next step."
+    )
     item = RequeueItem.objects.get(operation=op, parked_id=locked.pk)
     assert item.state == ItemState.PENDING
     locked.refresh_from_db()

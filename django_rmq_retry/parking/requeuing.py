@@ -435,6 +435,7 @@ def _settle(
         else:
             text = f"the broker refused the message for queue {row.queue!r}"
         result.add_refused(row.pk, text)
+        _note_refusal(row.pk, text, using, waits)  # an operation's page shows counts only
 
 
 def _note_refusal(pk: int, why: str, using: str, waits: _LockWaits) -> None:

@@ -244,7 +244,10 @@ def _end(op: RequeueOperation, mine: str, now: datetime) -> None:
         _finish(op, mine, OperationState.STOPPED, reason)
         return
     unknown = f", {op.unknown} without a reported outcome" if op.unknown else ""
-    reason = f"Done: {op.handled} handled, {op.failed_again} failed again{unknown}."
+    refused = (
+        f", {op.refused} refused by the broker (each one's history says why)" if op.refused else ""
+    )
+    reason = f"Done: {op.handled} handled, {op.failed_again} failed again{unknown}{refused}."
     _finish(op, mine, OperationState.DONE, reason)
 
 
@@ -278,6 +281,11 @@ def _send(op: RequeueOperation, mine: str, size: int) -> tuple[int, str] | None:
         problem = f"Broker unavailable, will retry: {exc}"
         # What the step did before the broker went away (confirmed rows are marked).
         result = exc.partial if isinstance(exc, RequeueInterrupted) else RequeueResult()
+    if result.skipped and not problem:
+        problem = (
+            f"{result.skipped} message(s) held by another requeue or transaction: "
+            "tried again at the next step."
+        )
     sent = _settle(op, mine, ids, result)
     return None if sent is None else (sent, problem)
 
