@@ -215,3 +215,52 @@ def test_a_row_locked_between_claim_and_mark_is_left_to_its_outcome_and_sent_onc
     assert (locked.status, locked.requeue_count) == (ParkedStatus.REQUEUED, 1)
     page = client.get(reverse("admin:django_rmq_retry_requeueoperation_change", args=[op.pk]))
     assert page.status_code == 200
+
+
+def someone_waits_for_a_lock() -> bool:
+    """Whether a connection of this database waits for a lock another holds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_a_run_whose_copies_report_nothing_waits_for_its_marks_even_with_a_deadline(
+    rmq, monkeypatch
+):
+    """Outside an operation nobody would mark a row whose copy is out: the mark waits for
+    the lock (a deadline bounds the claims, not this), so the row is never sent twice."""
+    import time
+
+    from django_rmq_retry import parking
+    from tests.conftest import wait_for
+
+    n = 4
+    rows = park_rows(rmq, [{"id": i} for i in range(n)])
+    locked = rows[1]
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(
+                parking.requeue(ParkedMessage.objects.all(), deadline=time.monotonic() + 600)
+            )
+        finally:
+            connections.close_all()
+
+    with locked_once_confirmed(monkeypatch, locked.pk) as lockers:
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_for(someone_waits_for_a_lock, PATIENCE)  # the mark, on the held row
+        assert lockers and lockers[0].held()
+        lockers[0].release()
+        thread.join(PATIENCE)
+    (result,) = results
+    assert result.requeued == n
+    assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
+    assert not ParkedClaim.objects.exists()
+    assert rmq.depth(rmq.queue("alpha")) == n

@@ -151,13 +151,15 @@ def requeue(
     ``lock_wait`` bounds every wait for a row another transaction holds locked (an editor's
     ``select_for_update``, a long transaction of yours) to that many seconds, and to what
     is left of ``deadline``; ``None`` and no deadline: waits as long as it takes, as the
-    command line always has. Bounded, the run never waits on such a row (PostgreSQL's
-    ``SKIP LOCKED``, and ``lock_timeout`` for the rest): a row locked when it would be
-    claimed is left parked for the next run (counted skipped); a row locked when its
-    confirmed copy would be marked is counted requeued but left to the copy's outcome report
-    (a background operation's consumer marks it), its claim kept so no other run sends it
-    meanwhile (until ``REQUEUE_CLAIM_TIMEOUT``). SQLite locks no rows: its one wait, for the
-    database's write lock, is bounded by the connection's ``timeout`` option.
+    command line always has. Bounded, a row locked when it would be claimed is not waited
+    for (PostgreSQL's ``SKIP LOCKED``, and ``lock_timeout`` for the rest): it is left
+    parked for the next run (counted skipped). A row locked after its claim, when its
+    confirmed copy is marked, is waited for, since only the mark keeps it from being sent
+    again; but a background operation's copies (``headers`` name it) report their outcome,
+    which marks the row: such a run counts the row requeued, leaves it to that report and
+    keeps its claim so no other run sends it meanwhile (until ``REQUEUE_CLAIM_TIMEOUT``).
+    SQLite locks no rows: its one wait, for the database's write lock, is bounded by the
+    connection's ``timeout`` option.
     """
     if mode not in (MODE_RECEIVER, MODE_TOPIC):
         raise ValueError(f"unknown requeue mode {mode!r}")
@@ -175,7 +177,7 @@ def requeue(
     publisher = publisher or get_publisher()
     token = uuid.uuid4().hex
     ParkedClaim.objects.using(using).filter(claimed_at__lt=stale_before()).delete()
-    waits = _LockWaits(lock_wait, deadline)
+    waits = _LockWaits(lock_wait, deadline, reported=bool(headers[names.header("operation")]))
     claims = Claims(candidates, token, using, batch_size, limit, waits.seconds)
     # Claim and load the next batch on a thread of its own while this one is published: the
     # database work and the broker's confirms overlap instead of taking turns. Not inside a
@@ -261,10 +263,13 @@ def requeue(
 @dataclass(frozen=True)
 class _LockWaits:
     """How long one statement of a run may wait for a row lock: ``lock_wait`` seconds, and
-    never past the run's ``deadline`` (a ``time.monotonic()`` value); ``None``: no bound."""
+    never past the run's ``deadline`` (a ``time.monotonic()`` value); ``None``: no bound.
+    ``reported``: the copies name a background operation, whose consumers mark a row once
+    its copy is handled, so a bounded mark may leave a row another transaction holds."""
 
     lock_wait: float | None
     deadline: float | None
+    reported: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -491,9 +496,12 @@ def _mark_requeued(
                 status=ParkedStatus.PARKED,
                 requeue_count=count,
             )
-            with locks.bounded(using, waits.seconds()):
-                if waits.bounded and locks.row_locks(using):
-                    # The rows no other transaction holds, locked here until the UPDATE.
+            with transaction.atomic(using=using):
+                if waits.bounded and waits.reported and locks.row_locks(using):
+                    # The rows no other transaction holds, locked here until the UPDATE;
+                    # the others are left to their copy's outcome report. Any other run
+                    # waits for its marks: a copy is out, and only its mark keeps the row
+                    # from being sent again.
                     free = list(
                         chunk.select_for_update(skip_locked=True, no_key=True).values_list(
                             "pk", flat=True
