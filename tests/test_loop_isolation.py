@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 from collections import Counter
-from typing import Any
 
 import pika
 import pytest
@@ -27,12 +26,12 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_rmq_retry import Topic
-from django_rmq_retry.broker import confirms, window
+from django_rmq_retry.broker import window
 from django_rmq_retry.consumer import Consumer
-from django_rmq_retry.consumer import handler as handler_module
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.registry import default_registry
 from tests.conftest import BROKER_URL
+from tests.test_retry_copy_refusals import refuse_the_culprits_copy
 
 pytestmark = [
     pytest.mark.broker,
@@ -87,17 +86,8 @@ def _publish(exchange: str, key: str, ids: list[str]) -> None:
 def test_a_refused_copy_is_isolated_while_heartbeats_and_another_queue_flow(
     rmq, registry_snapshot, monkeypatch
 ):
-    monkeypatch.setattr(confirms, "early_refusal", lambda *a, **k: "", raising=False)
+    refuse_the_culprits_copy(monkeypatch)
     monkeypatch.setattr(window, "ISOLATION_STEP_PAUSE", STEP_PAUSE)
-    real = handler_module.retry_properties
-
-    def with_a_foreign_user_id(props: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        copy = real(props, **kwargs)
-        if props.get("message_id") == "culprit":
-            copy["user_id"] = "mallory"  # RabbitMQ: 406, the copies' channel closed
-        return copy
-
-    monkeypatch.setattr(handler_module, "retry_properties", with_a_foreign_user_id)
 
     events: list[tuple[str, str]] = []
     runs: Counter[str] = Counter()

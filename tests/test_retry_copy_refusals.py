@@ -85,9 +85,9 @@ def _check(
     assert rmq.depth(rmq.queue("flaky")) == 0
 
 
-def test_a_copy_the_broker_refuses_parks_its_original_without_a_reconnect(
-    rmq, registry_snapshot, monkeypatch
-):
+def refuse_the_culprits_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry copy of message ``culprit`` carries a ``user_id`` that is not the login,
+    and the early check is off: RabbitMQ closes the copies' channel over it (406)."""
     monkeypatch.setattr(confirms, "early_refusal", lambda *a, **k: "", raising=False)
     real = handler_module.retry_properties
 
@@ -98,6 +98,12 @@ def test_a_copy_the_broker_refuses_parks_its_original_without_a_reconnect(
         return copy
 
     monkeypatch.setattr(handler_module, "retry_properties", with_a_foreign_user_id)
+
+
+def test_a_copy_the_broker_refuses_parks_its_original_without_a_reconnect(
+    rmq, registry_snapshot, monkeypatch
+):
+    refuse_the_culprits_copy(monkeypatch)
     runs, parked = _run(rmq, json.dumps({"id": "culprit"}).encode())
     _check(rmq, runs, parked, ("406", "user_id"), resent=5)
 
