@@ -317,6 +317,18 @@ def test_the_stall_clock_stops_while_the_broker_blocks_the_link():
     assert owner.outages == [("no confirm from the broker in 30s", ["b"])]
 
 
+def test_an_owner_that_does_not_wait_out_alarms_hears_of_a_stall_while_blocked():
+    clock, link = _setup()
+    owner = Owner(link, stall_timeout=30, wait_out_alarms=False)
+    clock.advance()
+    owner.submit("a")
+    link.block(True)  # a memory alarm: no confirm comes, and this owner's caller waits
+    clock.advance(29)
+    assert not owner.outages
+    clock.advance(1.5)
+    assert owner.outages == [("no confirm from the broker in 30s", ["a"])]
+
+
 def test_any_other_close_is_an_outage_in_publish_order():
     clock, link = _setup()
     owner = Owner(link)

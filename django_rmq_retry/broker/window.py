@@ -93,6 +93,9 @@ class ConfirmWindow:
     in log lines ("publishing", "retry copies"). ``cause`` is what made it an outage: pika's
     exception for a channel that closed, the error of a failed relink, ``None`` for a stall
     (an owner tells a refused publish, a 404, from a lost connection by it).
+    ``wait_out_alarms``: while the broker blocks the link (a memory or disk alarm) the stall
+    clock stops (the consumer's copies wait an alarm out); ``False`` lets it run, for an
+    owner whose caller waits and should hear within ``stall_timeout`` (a ``send``).
     """
 
     def __init__(
@@ -106,8 +109,10 @@ class ConfirmWindow:
         stall_timeout: float | None = None,
         step_pause: float | None = None,
         max_message_size: int | None = None,
+        wait_out_alarms: bool = True,
     ) -> None:
         self.link = link
+        self.wait_out_alarms = wait_out_alarms
         self.clock = link.clock
         self.on_outage = on_outage
         self.on_progress = on_progress
@@ -381,7 +386,7 @@ class ConfirmWindow:
         waiting = bool(self._pending) or not self._ready  # for answers, or for a channel
         if self.state not in ("opening", "normal", "isolating") or not waiting:
             return  # armed again by the next write
-        if self.link.blocked:  # the broker holds publishes: no confirm is due meanwhile
+        if self.link.blocked and self.wait_out_alarms:  # no confirm is due meanwhile
             self._stall = self.clock.call_later(self.stall_timeout, self._check_stall)
             return
         waited = self.clock.now() - self._last_progress
