@@ -195,6 +195,8 @@ class LinkDriver:
                 link,
                 on_outage=_no_outage_callback,
                 relink=self._relink,
+                # As before the window: a caller hears within STALL_TIMEOUT, alarm or not.
+                wait_out_alarms=False,
             )
             self.window = window
         return window
