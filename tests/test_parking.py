@@ -29,8 +29,8 @@ from django_rmq_retry.publishing.publisher import get_publisher
 from tests.conftest import BROKER_URL, ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 
-requeue_module = importlib.import_module("django_rmq_retry.parking.requeuing")
 claims = importlib.import_module("django_rmq_retry.parking.claims")
+marks = importlib.import_module("django_rmq_retry.parking.marks")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -577,7 +577,7 @@ def test_a_late_mark_leaves_a_row_its_failed_copy_parked_again():
     )
     assert (back.pk, created) == (row.pk, False)
     result = parking.RequeueResult()
-    requeue_module._mark_requeued([stored], "run", "", "receiver", "default", result)
+    marks.mark_requeued([stored], "run", "", "receiver", "default", result)
     row.refresh_from_db()
     assert (row.status, row.requeue_count, row.park_count) == ("parked", 1, 2)
 
@@ -617,7 +617,7 @@ def test_a_mark_that_waited_for_the_copy_s_parking_leaves_the_row_parked():
     assert locked.wait(10)
     threading.Timer(1.0, go.set).start()  # the mark below is waiting on the row by then
     result = parking.RequeueResult()
-    requeue_module._mark_requeued([stored], "run", "", "receiver", "default", result)
+    marks.mark_requeued([stored], "run", "", "receiver", "default", result)
     t.join()
     row.refresh_from_db()
     assert (row.status, row.requeue_count, row.park_count) == ("parked", 1, 2)
