@@ -277,9 +277,17 @@ def test_a_lock_on_the_item_table_loses_no_report(rmq, tmp_path, reporter, when)
             lambda: sum(handled_ids(rmq).values()) >= sent,
             child=consumer,
         )
-        # Until the write of every report not written yet failed, the last one included.
-        failed = f"could not write {sent - reported} handled report(s)"
-        waiting.until(failed, lambda: failed in consumer.output(), child=consumer)
+        if when == "all-sent":
+            # Until the write of every report not written yet failed, the last one included.
+            failed = f"could not write {n - reported} handled report(s)"
+            waiting.until(failed, lambda: failed in consumer.output(), child=consumer)
+        else:  # until a step failed on the lock (the reports may all be in already)
+            stepping = consumer if step is None else step
+            waiting.until(
+                "a step failed on the lock",
+                lambda: "lock timeout" in stepping.output(),
+                child=stepping,
+            )
         holder.commit()  # the lock is gone
         waiting.until(
             "the operation ended",
