@@ -150,6 +150,8 @@ def test_two_edits_of_one_row_send_exactly_one_and_the_other_is_told(rmq):
             data = {"body": f'{{"id": {edits[who]}}}', "headers": "{}", "confirm": "1"}
             barrier.wait(timeout=30)
             responses[who] = clients[who].post(url, data)
+        except Exception as exc:  # said by the assertion below, not lost in the thread
+            responses[who] = exc
         finally:
             connections.close_all()
 
@@ -159,6 +161,7 @@ def test_two_edits_of_one_row_send_exactly_one_and_the_other_is_told(rmq):
     for thread in threads:
         thread.join(120)
     assert set(responses) == set(edits), responses
+    assert not [r for r in responses.values() if isinstance(r, Exception)], responses
     # What each operator reads next, one after the other: the test client's ``context``
     # comes from a process-wide signal, so two requests at once would see each other's.
     said: dict[str, tuple[int, list[str]]] = {}
