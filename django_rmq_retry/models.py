@@ -275,12 +275,26 @@ class RequeueItem(models.Model):
     state = models.CharField(
         _("state"), max_length=8, choices=ItemState.choices, default=ItemState.PENDING
     )
+    #: An operator's edit (``parking.edit``): the body sent instead of the row's, which keeps
+    #: the original. ``None``: the row's own body and headers.
+    edit_body = models.BinaryField(_("edited body"), null=True, blank=True)
+    #: Headers written over the copy's (``None`` removes one), with the edited body.
+    edit_headers = models.JSONField(_("edited headers"), null=True, blank=True)
+    #: What the edit changed, for the row's history once the copy is sent (a database
+    #: default: an operation's items are written by ``INSERT ... SELECT``).
+    edit_diff = models.TextField(_("edit diff"), blank=True, default="", db_default="")
 
     class Meta:
         verbose_name = _("requeue operation item")
         verbose_name_plural = _("requeue operation items")
         constraints = [
             models.UniqueConstraint(fields=["operation", "parked_id"], name="rmqr_op_item"),
+            # Edit once: one edit of a row waits to be sent at a time, whoever submits it.
+            models.UniqueConstraint(
+                fields=["parked_id"],
+                condition=models.Q(edit_body__isnull=False, state__in=["pending", "sending"]),
+                name="rmqr_one_edit",
+            ),
         ]
         indexes = [
             models.Index(fields=["operation", "state", "parked_id"], name="rmqr_op_item_state")

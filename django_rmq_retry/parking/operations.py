@@ -38,7 +38,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, F, QuerySet, When
 from django.utils import timezone
 
@@ -74,11 +74,15 @@ __all__ = [
     "RAMP",
     "WAIT_SECONDS",
     "Control",
+    "EditRefused",
     "Progress",
     "advance",
     "advance_due",
     "cancel",
     "create",
+    "create_edit",
+    "edit_in_flight",
+    "edit_waits",
     "flush_handled",
     "flusher_running",
     "header_name",
@@ -166,6 +170,77 @@ def create(
         op.save(update_fields=["total", "state", "state_reason"])  # nobody else has it yet
     logger.info("requeue operation #%s created by %s: %d rows", op.pk, user, op.total)
     return op
+
+
+class EditRefused(ValueError):
+    """The edit is not sent; the message says why, for the operator."""
+
+
+#: The operations an edit may wait in: a paused or stopped one may still send it.
+WAITING = (OperationState.RUNNING, OperationState.PAUSED, OperationState.STOPPED)
+
+
+def edit_in_flight(parked_id: int) -> RequeueOperation | None:
+    """The operation that carries an edit of row ``parked_id`` not sent yet, if any."""
+    item = (
+        RequeueItem.objects.filter(
+            parked_id=parked_id,
+            edit_body__isnull=False,
+            state__in=(ItemState.PENDING, ItemState.SENDING),
+            operation__state__in=WAITING,
+        )
+        .select_related("operation")
+        .first()
+    )
+    return None if item is None else item.operation
+
+
+def create_edit(
+    parked_id: int, *, user: str, body: bytes, headers: dict[str, Any], diff: str
+) -> RequeueOperation:
+    """A one-row operation that sends ``body`` and ``headers`` in place of the row's (the
+    row keeps the original); :class:`EditRefused` if the row is not parked or an edit of
+    it waits to be sent. Edit once: the ``rmqr_one_edit`` constraint lets one edit of a row
+    wait at a time, so of two submits at once one is refused, whichever database runs."""
+    with transaction.atomic():
+        # Edits of operations that ended unsent (cancelled) no longer hold the row. A write
+        # first: SQLite takes its write lock here, before anything is read.
+        RequeueItem.objects.filter(
+            parked_id=parked_id,
+            edit_body__isnull=False,
+            state=ItemState.PENDING,
+            operation__state__in=(OperationState.CANCELLED, OperationState.DONE),
+        ).update(state=ItemState.SKIPPED)
+        waiting = edit_in_flight(parked_id)
+        if waiting is not None:
+            raise EditRefused(edit_waits(waiting))
+        op = create(
+            ParkedMessage.objects.filter(pk=parked_id),
+            user=user,
+            description=f"Edited copy of parked message #{parked_id}",
+            stop_on_failure=False,
+        )
+        if op.total != 1:
+            raise EditRefused("Only a parked message can be edited and requeued.")
+        try:
+            with transaction.atomic():
+                RequeueItem.objects.filter(operation=op).update(
+                    edit_body=body, edit_headers=headers, edit_diff=diff
+                )
+        except IntegrityError:  # ``rmqr_one_edit``: another edit of the row won the race
+            waiting = edit_in_flight(parked_id)
+            raise EditRefused(
+                edit_waits(waiting) if waiting else "Another edit of this message was just sent."
+            ) from None
+    return op
+
+
+def edit_waits(op: RequeueOperation) -> str:
+    """Why an edit is refused while operation ``op`` waits to send an earlier one."""
+    return (
+        f"An edit of this message waits to be sent by operation #{op.pk} "
+        f"({op.get_state_display().lower()}): cancel it to edit again."
+    )
 
 
 @dataclass(frozen=True)

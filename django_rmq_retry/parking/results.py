@@ -27,6 +27,18 @@ class RequeueResult:
     refused_ids: list[int] = field(default_factory=list)
     stopped: bool = False  # the deadline came first: matching rows may still be parked
 
+    def add(self, other: RequeueResult) -> None:
+        """Count ``other``'s run in this one (a step that sends in several runs)."""
+        self.requeued += other.requeued
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.matched += other.matched
+        for text in other.errors:
+            self.add_error(text)
+        self.requeued_ids += other.requeued_ids[: max(0, IDS_KEPT - len(self.requeued_ids))]
+        self.refused_ids += other.refused_ids[: max(0, IDS_KEPT - len(self.refused_ids))]
+        self.stopped = self.stopped or other.stopped
+
     def add_error(self, text: str) -> None:
         if len(self.errors) < 20:
             self.errors.append(text)

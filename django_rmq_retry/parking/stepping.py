@@ -20,13 +20,14 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..conf import app_settings, current_names
 from ..core.errors import PublishError
+from ..db import locks
 from ..models import (
     ItemState,
     OperationState,
@@ -268,19 +269,30 @@ def _send(op: RequeueOperation, mine: str, size: int) -> tuple[int, str] | None:
             return None
         items.filter(parked_id__in=ids, state=ItemState.PENDING).update(state=ItemState.SENDING)
     problem = ""
+    result = RequeueResult()
+    edits = {
+        pk: (bytes(body), headers or {}, diff or "")
+        for pk, body, headers, diff in items.filter(
+            parked_id__in=ids, edit_body__isnull=False
+        ).values_list("parked_id", "edit_body", "edit_headers", "edit_diff")
+    }
+    # The plain rows in one run, each edited row in a run of its own (its own headers).
+    runs: list[tuple[list[int], dict[str, Any], dict[int, bytes] | None]]
+    runs = [([pk for pk in ids if pk not in edits], {}, None)]
+    runs += [([pk], headers, {pk: body}) for pk, (body, headers, _diff) in edits.items()]
     try:
-        result = requeue(
-            ParkedMessage.objects.filter(pk__in=ids),
-            user=operation_tag(op.created_by, op.pk),
-            mode=op.mode,
-            headers={header_name(): str(op.pk)},
-            lock_wait=LOCK_WAIT,
-        )
+        for run_ids, extra, bodies in runs:
+            if run_ids:
+                result.add(_run(op, run_ids, extra, bodies))
     except PublishError as exc:
         logger.warning("requeue operation #%s: broker unavailable (%s)", op.pk, exc)
         problem = f"Broker unavailable, will retry: {exc}"
         # What the step did before the broker went away (confirmed rows are marked).
-        result = exc.partial if isinstance(exc, RequeueInterrupted) else RequeueResult()
+        if isinstance(exc, RequeueInterrupted):
+            result.add(exc.partial)
+    for pk in result.requeued_ids:
+        if pk in edits:
+            _note_edited(pk, op.created_by, edits[pk][2])
     if result.skipped and not problem:
         problem = (
             f"{result.skipped} message(s) held by another requeue or transaction: "
@@ -288,6 +300,38 @@ def _send(op: RequeueOperation, mine: str, size: int) -> tuple[int, str] | None:
         )
     sent = _settle(op, mine, ids, result)
     return None if sent is None else (sent, problem)
+
+
+def _run(
+    op: RequeueOperation,
+    ids: list[int],
+    headers: dict[str, Any],
+    bodies: dict[int, bytes] | None,
+) -> RequeueResult:
+    return requeue(
+        ParkedMessage.objects.filter(pk__in=ids),
+        user=operation_tag(op.created_by, op.pk),
+        mode=op.mode,
+        headers={**headers, header_name(): str(op.pk)},
+        bodies=bodies,
+        lock_wait=LOCK_WAIT,
+    )
+
+
+def _note_edited(pk: int, by: str, diff: str) -> None:
+    """The row's history says its edited copy went out: who edited it, and what changed."""
+    event = {"at": timezone.now().isoformat(), "event": "edited", "by": by, "diff": diff[:8000]}
+    try:
+        with locks.bounded("default", LOCK_WAIT):
+            row = ParkedMessage.objects.select_for_update().filter(pk=pk).only("history").first()
+            if row is not None:
+                row.history = [*(row.history or []), event][-50:]
+                row.save(update_fields=["history"])
+    except DatabaseError as exc:
+        if not locks.timed_out(exc):
+            raise
+        # Not waited for (a step never waits long on another transaction): the log keeps it.
+        logger.warning("parked message #%s: edited copy sent by %s; history not written", pk, by)
 
 
 def _settle(op: RequeueOperation, mine: str, ids: list[int], result: RequeueResult) -> int | None:
