@@ -1,12 +1,14 @@
 """Edit a parked message and requeue the edited copy, in headless Chromium (Debian's
-chromium through Playwright), then on the real broker: exactly one copy goes out (the edit),
-the original row is kept, the edit is in the admin log and the row's history; bad JSON and
-a body over the broker's limit are refused; a user without the permission gets 403."""
+chromium through Playwright), then on the real broker: the submit lands on the operation
+that carries the edit and sends nothing itself; a consumer sends exactly one copy (the
+edit), the original row is kept, the edit is in the admin log and the row's history; bad
+JSON and a body over the broker's limit are refused, a second submit while the edit waits
+is refused; a user without the permission gets 403."""
 
 from __future__ import annotations
 
 import json
-import re
+import signal
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -14,10 +16,12 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.urls import reverse
 
-from django_rmq_retry.models import ParkedMessage, ParkedStatus
-from tests.conftest import read_log
+from django_rmq_retry.models import ParkedMessage, ParkedStatus, RequeueItem, RequeueOperation
+from django_rmq_retry.parking import operations
+from tests.conftest import read_log, start_consumer
 from tests.test_admin import operator
 from tests.test_browser import browser  # noqa: F401  (the fixture)
+from tests.test_browser_operations import until_said
 from tests.test_browser_operator import login, shots
 from tests.test_operations import park_rows
 
@@ -62,20 +66,31 @@ def test_operator_edits_a_message_and_exactly_one_edited_copy_is_handled(
     assert '"fail": "always"' in diff and '"tenant": "b"' in diff
     page.screenshot(path=str(shots(tmp_path) / "operator-edit-diff.png"), full_page=True)
     page.click("#rmq-edit-confirm")
-    page.locator(".messagelist .success").wait_for()
-    assert "edited copy was requeued" in page.inner_text(".messagelist")
+    page.wait_for_selector("#rmq-progress")  # the operation that carries the edit
+    op = RequeueOperation.objects.get()
+    assert page.url == (
+        f"{live_server.url}/admin/django_rmq_retry/requeueoperation/{op.pk}/change/"
+    )
+    assert f"Operation #{op.pk} started: the edited copy" in page.inner_text(".messagelist")
+    assert rmq.depth(rmq.queue("alpha")) == 0  # the request sent nothing
+    entry = LogEntry.objects.get(object_id=str(row.pk))
+    assert f"Edited; operation #{op.pk} requeues one copy" in entry.change_message
+    assert '"tenant": "b"' in entry.change_message
 
+    child = start_consumer(rmq.prefix, rmq.log, "alpha")
+    try:
+        page.wait_for_selector("#rmq-progress[data-state=done]", timeout=120_000)
+        until_said(page, "Done")
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=60)
+    assert page.inner_text("[data-key=handled]") == "1"
     row.refresh_from_db()
     assert row.status == ParkedStatus.REQUEUED and bytes(row.body) == original
     assert row.history[-1]["event"] == "edited" and row.history[-1]["by"] == "ops"
-    entry = LogEntry.objects.get(object_id=str(row.pk))
-    assert "Edited and requeued one copy" in entry.change_message
-    assert '"tenant": "b"' in entry.change_message
-    assert rmq.depth(rmq.queue("alpha")) == 1  # one copy, the edit, not the original too
-
-    call_command("rmq_consume", "alpha", max_idle_time=2, verbosity=0)
     done = [e for e in read_log(rmq.log) if e["event"] == "done"]
     assert [e["id"] for e in done] == [7]  # once, and it went through: it was the edit
+    assert rmq.depth(rmq.queue("alpha")) == 0  # one copy, the edit, not the original too
     assert not ParkedMessage.objects.filter(status=ParkedStatus.PARKED).exists()
 
 
@@ -98,8 +113,14 @@ def test_the_limits_the_double_post_and_the_permission(rmq, client, settings):
     data = {"body": '{"id": 1, "v": 2}', "headers": "{}", "confirm": "1"}
     first, second = client.post(url, data), client.post(url, data)  # a double click
     assert first.status_code == 302
-    assert "Only a parked message" in second.content.decode()  # the second sends nothing
+    (op,) = RequeueOperation.objects.all()
+    waits = f"An edit of this message waits to be sent by operation #{op.pk}"
+    assert waits in second.content.decode()  # the second sends nothing
+    assert waits in client.get(url).content.decode()
+    assert RequeueItem.objects.count() == 1  # one copy to send, the first edit
+    assert operations.advance(op.pk) is not None  # one step sends it (nobody handles it)
     assert rmq.depth(rmq.queue("alpha")) == 1  # exactly one copy
-    assert re.search(r"no longer parked|Only a parked", client.get(url).content.decode())
+    assert "Only a parked message" in client.post(url, data).content.decode()
+    assert rmq.depth(rmq.queue("alpha")) == 1
     other.refresh_from_db()
     assert other.status == ParkedStatus.PARKED

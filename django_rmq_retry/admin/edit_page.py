@@ -2,7 +2,8 @@
 
 Three steps on one page: the form (body, headers), the diff of what changed (the same
 form, posted with ``preview``), then the requeue (posted with ``confirm``; the edit is
-validated again, so what was previewed is what is sent). Behind its own permission,
+validated again, so what was previewed is what is sent): a one-row background operation
+that carries the edit, whose page the operator is shown next. Behind its own permission,
 ``edit_parkedmessage``.
 """
 
@@ -21,8 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
-from ..core.errors import RmqRetryError
-from ..models import ParkedMessage, ParkedStatus
+from ..models import ParkedMessage
 from ..parking import edit
 from .common import _outside_request_transactions
 
@@ -46,8 +46,9 @@ class EditMixin(admin.ModelAdmin):
         accept = request.POST.get("accept_bytes") == "on"
         error = ""
         prepared: edit.Edit | None = None
-        if row.status != ParkedStatus.PARKED:
-            error = str(_("Only a parked message can be edited and requeued."))
+        refused = edit.edit_waiting(row)
+        if refused:
+            error = refused
         elif request.method == "POST":
             try:
                 prepared = edit.prepare(row, body, headers, accept_bytes=accept)
@@ -74,33 +75,36 @@ class EditMixin(admin.ModelAdmin):
 
     def _send_edit(
         self, request: HttpRequest, row: ParkedMessage, prepared: edit.Edit, change_url: str
-    ) -> HttpResponseRedirect:
+    ) -> HttpResponse:
+        """Start the operation that sends the edited copy and show its page, like every
+        requeue of the admin: the request publishes nothing."""
         user = request.user.get_username()
         try:
-            result = edit.requeue_edited(row, prepared, user=user)
-        except RmqRetryError as exc:
-            self.message_user(
-                request,
-                _("The edited copy was not sent, the broker is unavailable: %(error)s")
-                % {"error": exc},
-                messages.ERROR,
-            )
+            op = edit.requeue_edited(row, prepared, user=user)
+        except edit.EditError as exc:  # not parked any more, or an edit of it waits
+            self.message_user(request, str(exc), messages.ERROR)
             return HttpResponseRedirect(change_url)
-        if result.requeued:
-            LogEntry.objects.create(
-                user_id=request.user.pk,
-                content_type_id=ContentType.objects.get_for_model(ParkedMessage).pk,
-                object_id=str(row.pk),
-                object_repr=f"parked message #{row.pk}"[:200],
-                action_flag=CHANGE,
-                change_message=f"Edited and requeued one copy. Diff:\n{prepared.diff}"[:10000],
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(ParkedMessage).pk,
+            object_id=str(row.pk),
+            object_repr=f"parked message #{row.pk}"[:200],
+            action_flag=CHANGE,
+            change_message=(
+                f"Edited; operation #{op.pk} requeues one copy, the edit. Diff:\n{prepared.diff}"
+            )[:10000],
+        )
+        self.message_user(
+            request,
+            _(
+                "Operation #%(id)d started: the edited copy will be requeued by the consumers, "
+                "in the background; the original is kept."
             )
-            self.message_user(
-                request, _("The edited copy was requeued; the original is kept."), messages.SUCCESS
+            % {"id": op.pk},
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(
+            reverse(
+                f"{self.admin_site.name}:django_rmq_retry_requeueoperation_change", args=[op.pk]
             )
-        else:
-            text = "; ".join(result.errors) or str(
-                _("nothing was sent: the message is no longer parked, or another requeue holds it")
-            )
-            self.message_user(request, text, messages.ERROR)
-        return HttpResponseRedirect(change_url)
+        )

@@ -1,9 +1,12 @@
 """Edit a parked message, then requeue exactly one copy: the edited one.
 
-The original row is kept as it was (body, headers); the edited copy goes out through
-:func:`~django_rmq_retry.parking.requeue` (claim, confirm, mark: one copy, never the
-original and the edit, never two edits on a double click), and the row is marked requeued
-with an ``edited`` event in its history (who, when, the diff).
+The original row is kept as it was (body, headers); the edited copy goes out as a one-row
+background operation (``parking.operations``: the consumers step it, the web request
+publishes nothing) through :func:`~django_rmq_retry.parking.requeue` (claim, confirm,
+mark: one copy, never the original and the edit). Edit once: while an edit of a row waits
+to be sent, another is refused (never two edits on a double click or two operators'
+submits); the row is marked requeued with an ``edited`` event in its history (who, when,
+the diff) when its copy goes out.
 
 What may be edited: the body (JSON validated when the content type says JSON; text in its
 charset; raw bytes as hex, only when the body is not text, and only once the operator
@@ -18,11 +21,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.utils import timezone
-
 from ..conf import app_settings, current_names
-from ..models import ParkedMessage, ParkedStatus
-from .requeuing import MODE_RECEIVER, RequeueResult, requeue
+from ..models import ParkedMessage, ParkedStatus, RequeueOperation
+from . import operations
 
 JSON, TEXT, BYTES = "json", "text", "bytes"
 
@@ -148,31 +149,30 @@ def _diff(name: str, old: str, new: str) -> str:
     return "\n".join(lines) + ("\n" if old != new else "")
 
 
-def requeue_edited(row: ParkedMessage, edit: Edit, *, user: str) -> RequeueResult:
-    """Publish the edited copy (exactly one, with confirms) and mark the row requeued.
+def requeue_edited(row: ParkedMessage, edit: Edit, *, user: str) -> RequeueOperation:
+    """Start the one-row operation that sends the edited copy (exactly one, with confirms,
+    in the background: the consumers step it) and marks the row requeued.
 
-    The row's body and headers stay the original's. ``result.requeued`` is 1 when the
-    copy went out, 0 when the row was no longer parked or another requeue held it.
+    The row's body and headers stay the original's; its history gets the ``edited`` event
+    (who, when, the diff) when the copy is sent. :class:`EditError` if the row is not
+    parked, or an edit of it waits to be sent (edit once: never a second copy).
     """
     old = {k for k in (row.headers or {}) if not _own_header(k)}
     headers: dict[str, Any] = dict.fromkeys(old - set(edit.headers))  # removed ones
     headers.update(edit.headers)
-    result = requeue(
-        ParkedMessage.objects.filter(pk=row.pk),
-        user=user,
-        mode=MODE_RECEIVER,
-        headers=headers,
-        bodies={row.pk: edit.body},
-    )
-    if result.requeued:
-        event = {
-            "at": timezone.now().isoformat(),
-            "event": "edited",
-            "by": user,
-            "diff": edit.diff[:8000],
-        }
-        fresh = ParkedMessage.objects.filter(pk=row.pk, status=ParkedStatus.REQUEUED).first()
-        if fresh is not None:
-            fresh.history = [*(fresh.history or []), event][-50:]
-            fresh.save(update_fields=["history"])
-    return result
+    try:
+        return operations.create_edit(
+            row.pk, user=user, body=edit.body, headers=headers, diff=edit.diff
+        )
+    except operations.EditRefused as exc:
+        raise EditError(str(exc)) from None
+
+
+def edit_waiting(row: ParkedMessage) -> str:
+    """Why ``row`` cannot be edited now (``""``: it can)."""
+    if row.status != ParkedStatus.PARKED:
+        return "Only a parked message can be edited and requeued."
+    op = operations.edit_in_flight(row.pk)
+    if op is None:
+        return ""
+    return operations.edit_waits(op)
