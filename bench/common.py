@@ -190,7 +190,7 @@ class Run:
         from django_rmq_retry.broker.topology import declare
         from django_rmq_retry.conf import current_plan
         from django_rmq_retry.core.names import Names
-        from django_rmq_retry.publishing.publisher import reset_publisher
+        from django_rmq_retry.publishing.per_thread import reset_publisher
         from django_rmq_retry.registry import default_registry
 
         reset_publisher()
@@ -232,7 +232,7 @@ class Run:
         if not apps.ready:
             return
         from django_rmq_retry.conf import current_plan
-        from django_rmq_retry.publishing.publisher import reset_publisher
+        from django_rmq_retry.publishing.per_thread import reset_publisher
 
         reset_publisher()
         from django_rmq_retry.core.names import Names
@@ -408,7 +408,7 @@ def purge(*queues: str) -> None:
 
 def publish_bodies(routing_key: str, n: int, start: int = 0, **extra: Any) -> None:
     """Pre-publish ``n`` small persistent JSON messages with our (confirmed) batch path."""
-    from django_rmq_retry.publishing.publisher import get_publisher
+    from django_rmq_retry.publishing.per_thread import get_publisher
 
     publisher = get_publisher()
     chunk = 10_000

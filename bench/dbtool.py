@@ -103,7 +103,7 @@ def seed(n: int, tag: str, size: int = 0) -> None:
 def requeue(tag: str) -> None:
     from django_rmq_retry import parking
     from django_rmq_retry.models import ParkedMessage
-    from django_rmq_retry.publishing.publisher import get_publisher
+    from django_rmq_retry.publishing.per_thread import get_publisher
 
     qs = ParkedMessage.objects.filter(receiver=f"bench.{tag}")
     get_publisher().close()  # nothing warmed up beyond what every requeue needs

@@ -481,7 +481,7 @@ def retry_stream(run: Run) -> list[Row]:
     bounds the window by default, so the copies and fresh messages behind a full window wait
     in the queue; ``SPARE_PREFETCH`` (opt-in, ``consumer/spare.py``) widens it. Lateness of
     the retries (second attempt − first failure − 1 s), median of 3 rounds."""
-    from django_rmq_retry.publishing.publisher import get_publisher
+    from django_rmq_retry.publishing.per_thread import get_publisher
 
     rate, n = (700.0, 1400) if run.quick else (700.0, 3000)
     delays: dict[int, float | None] = dict.fromkeys(range(n), 1.0)

@@ -14,7 +14,8 @@ from django.db import transaction
 from . import hooks as _hooks
 from .conf import app_settings
 from .core.backoff import Policy
-from .publishing.publisher import PublishResult, encode_body, get_publisher
+from .publishing.per_thread import get_publisher
+from .publishing.publisher import PublishResult, encode_body
 from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
 
 

@@ -29,7 +29,7 @@ from django.test import override_settings
 
 from django_rmq_retry.conf import current_plan
 from django_rmq_retry.core.names import Names
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from django_rmq_retry.registry import default_registry
 
 #: Our own users' fixture (``rmq_broker``), tested as they would use it.

@@ -446,7 +446,7 @@ def test_broker_down_the_click_still_answers_and_the_step_leaves_rows_parked(rmq
         "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/%2F",  # nothing listens on port 1
         "CONNECT_TIMEOUT": 2,
     }
-    from django_rmq_retry.publishing.publisher import reset_publisher
+    from django_rmq_retry.publishing.per_thread import reset_publisher
 
     reset_publisher()
     client.force_login(operator("requeue_parkedmessage"))

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_rmq_retry import PublishError, Topic, UnroutableError
 from django_rmq_retry.publishing import publisher
-from django_rmq_retry.publishing.publisher import get_publisher
+from django_rmq_retry.publishing.per_thread import get_publisher
 from tests.conftest import rabbitmqctl_cmd, read_log, start_consumer, wait_for
 from tests.testapp.events import other
 

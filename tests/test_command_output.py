@@ -522,7 +522,7 @@ def test_list_says_up_to_for_jittered_delays(settings):
 @pytest.mark.undeclared
 def test_a_send_before_the_topology_is_declared_says_to_run_rmq_setup(rmq, settings):
     from django_rmq_retry.core.errors import PublishError
-    from django_rmq_retry.publishing.publisher import reset_publisher
+    from django_rmq_retry.publishing.per_thread import reset_publisher
     from tests.testapp.events import other
 
     settings.RMQ_RETRY = {**settings.RMQ_RETRY, "DECLARE_ON_SEND": False}

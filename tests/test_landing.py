@@ -19,9 +19,9 @@ from django.test import override_settings
 
 from django_rmq_retry import Retry, Topic
 from django_rmq_retry.checks import check_settings
+from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.consumer import landing as landing_module
 from django_rmq_retry.consumer.landing import LEAD, Landing
-from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.consumer.pool import DaemonPool, Job
 from django_rmq_retry.consumer.spare import SPARE_LINGER_S, SpareWindows
 from django_rmq_retry.models import ParkedMessage

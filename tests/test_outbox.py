@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_rmq_retry import Topic
 from django_rmq_retry.models import OutboxMessage, OutboxStatus, RetryPolicy
 from django_rmq_retry.outbox import RelayRound, publish_pending, relay
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from tests.conftest import all_ready, held_until, read_log, start_consumer, wait_for
 from tests.test_broker_edges import close_connections
 from tests.testapp.events import other
@@ -339,7 +339,7 @@ def test_a_connection_lost_mid_round_keeps_every_unconfirmed_row(rmq, monkeypatc
     closes the connection by its name, and the round publishes nothing after that)."""
     from django_rmq_retry import PublishError
     from django_rmq_retry.outbox import publish_all, relay
-    from django_rmq_retry.publishing.publisher import get_publisher
+    from django_rmq_retry.publishing.per_thread import get_publisher
 
     monkeypatch.setattr(relay, "CHUNK", 20)
     call_command("rmq_consume", setup_only=True, verbosity=0)

@@ -25,7 +25,7 @@ from django_rmq_retry.conf import current_names
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedClaim, ParkedMessage, ParkedStatus
-from django_rmq_retry.publishing.publisher import get_publisher
+from django_rmq_retry.publishing.per_thread import get_publisher
 from tests.conftest import BROKER_URL, ConfirmAll, read_log, wait_for
 from tests.testapp.events import work
 

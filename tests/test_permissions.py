@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from django_rmq_retry.core.errors import PublishError, TopologyError
 from django_rmq_retry.core.topology_plan import permissions
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from tests.conftest import BROKER_URL, rabbitmqctl_cmd, read_log, start_consumer
 from tests.testapp.events import other
 

@@ -15,7 +15,8 @@ from django_rmq_retry import PublishError
 from django_rmq_retry.broker import Outgoing
 from django_rmq_retry.conf import app_settings
 from django_rmq_retry.core.errors import NackedError, UnroutableError
-from django_rmq_retry.publishing.publisher import BATCH_WINDOW, get_publisher
+from django_rmq_retry.publishing.per_thread import get_publisher
+from django_rmq_retry.publishing.publisher import BATCH_WINDOW
 from tests.testapp.events import other, work
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]

@@ -24,7 +24,7 @@ from django.utils import timezone
 from django_rmq_retry import Topic, parking
 from django_rmq_retry.models import OutboxMessage, ParkedMessage
 from django_rmq_retry.outbox import publish_pending, relay
-from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing import per_thread, publisher
 from django_rmq_retry.publishing.publisher import PublishResult
 from tests.testapp.events import other
 
@@ -210,12 +210,12 @@ def test_each_thread_has_its_own_connection_closed_when_the_thread_ends(rmq):
 
     def send() -> None:
         other.send({"id": "from-thread"})
-        seen.append(publisher.get_publisher()._link)
+        seen.append(per_thread.get_publisher()._link)
 
     thread, outcome = _in_thread(send)
     thread.join(GUARD)
     other.send({"id": "from-main"})
-    mine = publisher.get_publisher()._link
+    mine = per_thread.get_publisher()._link
     assert outcome == [None]
     assert seen[0] is not mine
     assert not seen[0].is_open  # closed as its thread ended

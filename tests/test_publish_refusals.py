@@ -29,7 +29,7 @@ from django_rmq_retry.broker import confirms
 from django_rmq_retry.core.errors import MessageRefused
 from django_rmq_retry.models import OutboxMessage, OutboxStatus, ParkedMessage
 from django_rmq_retry.outbox import publish_all
-from django_rmq_retry.publishing import publisher
+from django_rmq_retry.publishing import per_thread, publisher
 from tests.testapp.events import other
 
 #: The requeue module (``parking.requeue`` is the function of the same name).
@@ -85,7 +85,7 @@ def test_send_many_refuses_the_culprit_and_publishes_the_others_once(rmq, where,
     culprit = publisher.outgoing("test.other", [{"id": "culprit"}], **_kwargs(bad))[0]
     items.insert(25, culprit)
     with pytest.raises(MessageRefused) as info:
-        publisher.get_publisher().send_items(items)
+        per_thread.get_publisher().send_items(items)
     assert repr(culprit.message_id) in str(info.value)
     assert info.value.failed == [culprit.message_id]
     assert len(info.value.confirmed) == 50
@@ -222,7 +222,7 @@ def test_a_message_to_an_exchange_refused_with_403_is_found_and_the_rest_flow(rm
     culprit = publisher.outgoing("test.other", [{"id": "culprit"}], exchange=internal)[0]
     items.insert(10, culprit)
     with pytest.raises(MessageRefused, match="403") as info:
-        publisher.get_publisher().send_items(items)
+        per_thread.get_publisher().send_items(items)
     assert info.value.failed == [culprit.message_id]
     ids, count = _counted(rmq, rmq.queue("gamma"))
     assert _first_seen(ids) == list(range(20))

@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from django_rmq_retry import PublishError
 from django_rmq_retry.models import RetryPolicy
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from tests.testapp.events import other
 
 UNREACHABLE = "amqp://guest:guest@127.0.0.1:1/%2F"

@@ -43,7 +43,8 @@ from ..conf import app_settings
 from ..core.json_columns import headers_from_json
 from ..db.batches import ids_in
 from ..models import OutboxMessage, OutboxStatus
-from ..publishing.publisher import Publisher, PublishOutcome, get_publisher
+from ..publishing.per_thread import get_publisher
+from ..publishing.publisher import Publisher, PublishOutcome
 
 logger = logging.getLogger("django_rmq_retry.outbox")
 

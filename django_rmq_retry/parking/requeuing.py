@@ -28,7 +28,7 @@ from ..core.header_budget import properties_room
 from ..core.names import Names
 from ..db.batches import ids_in
 from ..models import ParkedClaim, ParkedMessage, ParkedStatus
-from ..publishing.publisher import get_publisher
+from ..publishing.per_thread import get_publisher
 from .claims import ClaimAhead, Claims, Stored, stale_before
 from .marks import LockWaits, Marks, refuse_too_large, settle
 from .results import IDS_KEPT, MODE_RECEIVER, MODE_TOPIC, RequeueInterrupted, RequeueResult

@@ -1,14 +1,11 @@
-"""Publishing with publisher confirms: a publisher per thread, one pipeline behind it.
+"""Publishing with publisher confirms: one publisher, one confirm window behind it.
 
 The public ways to publish are ``Topic.send``, ``Topic.send_many``, ``Topic.send_on_commit``
 and the outbox; they land here. A publish returns only once the broker confirmed it; an
 unroutable message (no queue bound) raises instead of being silently dropped.
 
-Every thread publishes on a connection of its own (:func:`get_publisher`, as Django's
-database connections): a thread waiting out nack pauses on a full queue, a connect to a
-node that does not answer, a relay round or an admin requeue holds up no other thread's
-send. No lock is shared between threads; a thread's publisher is closed when the thread
-ends, and every one at interpreter exit.
+Every thread publishes on a connection of its own (``per_thread.get_publisher``, as
+Django's database connections), so no lock is shared between threads.
 
 One confirm window (``broker.ConfirmWindow`` on a link whose loop the publishing thread
 runs while it waits: :mod:`.driver`) carries every message, a single ``send`` included: the
@@ -22,14 +19,11 @@ reconnects nor pauses: the relay keeps what got no answer, and backs a nacked ro
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import broker
 from ..conf import app_settings, current_plan
@@ -126,12 +120,13 @@ class Publisher:
         self._declare = declare
         #: The link and its confirm window (made on first use: it loads pika).
         self._driver: LinkDriver | None = None
-        self._pid = os.getpid()
+        #: The process that made the connection (a forked child never uses the parent's).
+        self.pid = os.getpid()
         #: The URL of the connection dropped last: the next connect tries the next URL first.
         self._dropped_url: str | None = None
         self._last_used = 0.0  # time.monotonic() of the last publish on this connection
-        #: :func:`reset_publisher`'s count when :func:`get_publisher` made this one.
-        self._generation = 0
+        #: ``per_thread.reset_publisher``'s count when ``get_publisher`` made this one.
+        self.generation = 0
 
     @property
     def _link(self) -> Link | None:
@@ -140,10 +135,10 @@ class Publisher:
 
     # Connection management ----------------------------------------------------------------
     def _link_driver(self) -> LinkDriver:
-        if self._pid != os.getpid():  # forked: never share a socket with the parent
+        if self.pid != os.getpid():  # forked: never share a socket with the parent
             if self._driver is not None:
                 self._driver.forget()
-            self._pid = os.getpid()
+            self.pid = os.getpid()
         if self._driver is None:
             from .driver import LinkDriver
 
@@ -496,103 +491,3 @@ class Publisher:
             raise batch_error(
                 items, "the broker did not confirm every message in time", PublishError
             )
-
-
-class _Slot:
-    """A thread's publisher, held in :data:`_local`: when the thread ends its slot is
-    dropped, in that thread, and the publisher's connection closed (the broker would log
-    "client unexpectedly closed TCP connection" for a socket left to the garbage collector)."""
-
-    def __init__(self, publisher: Publisher) -> None:
-        self.publisher = publisher
-
-    def __del__(self) -> None:
-        try:
-            _close_quietly(self.publisher)
-        except Exception:  # interpreter shutdown: the module may be half gone
-            return
-
-
-def _close_quietly(publisher: Publisher) -> None:
-    """Close ``publisher`` unless it was made before a fork (its socket is the parent's)."""
-    if publisher._pid != os.getpid():
-        return
-    try:
-        publisher.close()
-    except Exception:  # the broker may be gone already; close quietly
-        logger.debug("closing a publisher failed", exc_info=True)
-
-
-#: This thread's publisher (``_local.slot``).
-_local = threading.local()
-#: Every thread's publisher, to close at interpreter exit.
-_every: weakref.WeakSet[Publisher] = weakref.WeakSet()
-#: ``testing``'s in-memory publisher while one is installed: every thread's then.
-_installed: Any = None
-#: Bumped by :func:`reset_publisher`: a thread's publisher made before is replaced.
-_generation = 0
-_registry_lock = threading.Lock()  # guards the four above, never held across I/O
-_closes_at_exit = False
-
-
-def get_publisher() -> Publisher:
-    """This thread's publisher (created on first use; ``testing`` installs a shared one).
-
-    One per thread, as Django's database connections: a thread's nack pauses, connects and
-    long batches never hold up another thread's ``send``.
-    """
-    global _closes_at_exit
-    if _installed is not None:
-        return cast(Publisher, _installed)
-    slot: _Slot | None = getattr(_local, "slot", None)
-    if slot is not None and slot.publisher._generation == _generation:
-        return slot.publisher
-    if slot is not None:  # made before a reset (settings changed): replace it
-        _local.slot = None
-    publisher = Publisher()
-    with _registry_lock:
-        publisher._generation = _generation
-        _every.add(publisher)
-        if not _closes_at_exit:
-            atexit.register(_close_at_exit)
-            _closes_at_exit = True
-    _local.slot = _Slot(publisher)
-    return publisher
-
-
-def _close_at_exit() -> None:
-    """Close every thread's publisher connection when the interpreter exits.
-
-    Without it every process that ever published (a web worker, a management command)
-    leaves by dropping its sockets, and the broker logs "client unexpectedly closed TCP
-    connection" for each. A forked child leaves its parent's connections alone: closing
-    them would write on the parent's sockets.
-    """
-    with _registry_lock:
-        publishers = list(_every)
-    for publisher in publishers:
-        _close_quietly(publisher)
-
-
-def install(publisher: Any) -> Any:
-    """Make ``publisher`` every thread's; returns the one it replaces (or ``None``).
-
-    For ``django_rmq_retry.testing``, whose in-memory broker publishes in place of RabbitMQ.
-    """
-    global _installed
-    with _registry_lock:
-        previous, _installed = _installed, publisher
-    return previous
-
-
-def reset_publisher() -> None:
-    """Close this thread's publisher and have every other thread replace its own at its
-    next publish (tests, settings changes). Another thread's connection is closed by that
-    thread, never under its feet."""
-    global _generation
-    with _registry_lock:
-        _generation += 1
-    slot: _Slot | None = getattr(_local, "slot", None)
-    _local.slot = None
-    if slot is not None:
-        _close_quietly(slot.publisher)

@@ -10,7 +10,8 @@ from .. import broker
 from ..conf import app_settings, current_levels, current_names
 from ..core.delays import epoch_us, route
 from ..core.envelope import build_properties
-from ..publishing.publisher import encode_body, get_publisher
+from ..publishing.per_thread import get_publisher
+from ..publishing.publisher import encode_body
 
 
 def publish_deferred(

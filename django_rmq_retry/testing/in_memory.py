@@ -35,7 +35,8 @@ from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
 from ..core.envelope import read_incoming
 from ..outbox import publish_all, rows_written
-from ..publishing.publisher import Publisher, install
+from ..publishing.per_thread import install
+from ..publishing.publisher import Publisher
 from ..registry import Receiver, default_registry
 from ..registry.policies import policy_cache
 from .model import MemoryBroker, Stored

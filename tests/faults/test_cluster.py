@@ -28,7 +28,7 @@ from django_rmq_retry import parking
 from django_rmq_retry.core.errors import PublishError
 from django_rmq_retry.models import ParkedMessage, ParkedStatus
 from django_rmq_retry.publishing import publisher
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from tests.conftest import ROOT, wait_for
 from tests.faults.conftest import Tally, record, settle, spawn, stop
 from tests.faults.test_broker_faults import make_rows

@@ -26,7 +26,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_rmq_retry.models import ParkedMessage
-from django_rmq_retry.publishing.publisher import reset_publisher
+from django_rmq_retry.publishing.per_thread import reset_publisher
 from tests.conftest import read_log, wait_for
 from tests.faults.conftest import Tally, depths, output, record, settle, spawn, stop, undeclare
 from tests.testapp.events import other

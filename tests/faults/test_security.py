@@ -231,7 +231,7 @@ def test_amqps_against_a_local_certificate(rmq, tls_broker):
 
     from django_rmq_retry import broker
     from django_rmq_retry.core.errors import BrokerUnavailable
-    from django_rmq_retry.publishing.publisher import reset_publisher
+    from django_rmq_retry.publishing.per_thread import reset_publisher
 
     port, d = tls_broker
     url = f"amqps://guest:guest@localhost:{port}/%2F"
