@@ -356,6 +356,7 @@ class Consuming:
 
 class Channel(Consuming):
     """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through
+    ``broker.window.ConfirmWindow`` on a link; the blocking engine's retry copies through
     ``broker.confirms.ConfirmChannel``)."""
 
     @property
