@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import Counter
 
@@ -36,11 +35,6 @@ from tests.test_retry_copy_refusals import refuse_the_culprits_copy
 pytestmark = [
     pytest.mark.broker,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        os.environ.get("RMQ_RETRY_ENGINE") == "blocking",
-        reason="the blocking engine searches for a refused copy on its I/O thread (up to "
-        "30 s per copy, heartbeats unserved): only the loop engine keeps serving meanwhile",
-    ),
 ]
 
 #: Neighbours of the culprit on A's queue, before it and after it.

@@ -44,10 +44,7 @@ def test_liveness_fails_while_the_io_loop_is_stuck_and_readiness_follows_consumi
         # (nothing settles, no heartbeat goes out) while the process is otherwise fine.
         connection = consumer._connection
         assert connection is not None
-        # The blocking engine's connection, or the loop engine's link: both run a callback
-        # on the I/O thread.
-        on_io_thread = getattr(connection, "call_threadsafe", None)
-        (on_io_thread or connection.call_soon_threadsafe)(stuck.wait)
+        connection.call_soon_threadsafe(stuck.wait)  # the link runs it on the I/O thread
         assert wait_for(lambda: get(port, "/healthz/live")[0] == 503, timeout=60)
         assert get(port, "/healthz/ready")[0] == 503
         touched = (tmp_path / "live").stat().st_mtime

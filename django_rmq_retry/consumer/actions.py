@@ -1,7 +1,7 @@
 """A delivery as plain data, and what the connection's thread must do with it once handled.
 
-The handler (``consumer.handler``) turns a :class:`Delivery` into one action; the loop
-(``consumer.loop``) or the in-memory test broker (``testing``) carries it out. Neither side
+The handler (``consumer.handler``) turns a :class:`Delivery` into one action; the engine
+(``consumer.engine``) or the in-memory test broker (``testing``) carries it out. Neither side
 sees the other's machinery: no pika here, no receiver code there.
 """
 

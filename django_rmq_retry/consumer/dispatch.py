@@ -1,14 +1,14 @@
 """The dispatcher: deliveries to the receivers and their outcomes back, whatever carries
 the broker I/O.
 
-An engine (``loop.Consumer`` on blocking connections, ``engine.LoopConsumer`` on one
-asyncio loop) owns the connections and calls in here from its I/O thread: a delivery
-becomes a :class:`~.pool.Job` for the receiver threads (or the async receivers' loop), a
-finished job comes back through a :class:`~.pool.HandBack` and is settled (``_drain``): ack,
-give back, park (through the parking thread, acked once its row is committed) or publish a
-retry copy (the engine's ``_publish_retry``; the original is acked once the copy is
-confirmed, ``settle``). The consume channel an engine hands over
-(``_channel``) offers ``consume``, ``cancel``, ``qos``, ``ack``, ``nack`` and ``is_open``.
+The engine (``engine.Consumer``, on one asyncio loop) owns the connections and calls in
+here from its I/O thread: a delivery becomes a :class:`~.pool.Job` for the receiver
+threads (or the async receivers' loop), a finished job comes back through a
+:class:`~.pool.HandBack` and is settled (``_drain``): ack, give back, park (through the
+parking thread, acked once its row is committed) or publish a retry copy (the engine's
+``_publish_retry``; the original is acked once the copy is confirmed, ``settle``). The
+consume channel the engine hands over (``_channel``) offers ``consume``, ``cancel``,
+``qos``, ``ack``, ``nack`` and ``is_open``.
 """
 
 from __future__ import annotations

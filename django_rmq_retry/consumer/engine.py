@@ -1,6 +1,6 @@
-"""The consumer on one asyncio event loop: :class:`LoopConsumer`.
+"""The consumer on one asyncio event loop: :class:`Consumer`.
 
-:meth:`LoopConsumer.run` creates an asyncio loop in the calling thread and runs it, inside
+:meth:`Consumer.run` creates an asyncio loop in the calling thread and runs it, inside
 ``broker.decoding()`` (pika decodes the properties of deliveries in the loop's callbacks),
 until stopped. Two links (``broker.links``) share that loop: the consumer's (the consume
 channel, its acks and nacks) and one for retry copies (a ``broker.ConfirmWindow``, with no
@@ -61,11 +61,10 @@ def _declare(url: str, the_plan: Plan) -> None:
         connection.close()
 
 
-class LoopConsumer(Dispatcher):
+class Consumer(Dispatcher):
     """Consume the given receivers' queues until stopped (or a bounded run ends), with the
-    broker I/O on one asyncio loop (see the module docstring). The surface of
-    ``loop.Consumer``: same arguments, ``run()``, ``request_stop()``, ``stopping``,
-    ``running()``, ``stats``."""
+    broker I/O on one asyncio loop (see the module docstring): ``run()``,
+    ``request_stop()``, ``stopping``, ``running()``, ``stats``."""
 
     _loop: asyncio.AbstractEventLoop | None = None
     _connection: broker.Link | None
