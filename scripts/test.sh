@@ -202,7 +202,7 @@ R4_CLASSIC=(tests/faults/test_process_faults.py tests/faults/test_async_killed.p
   tests/adversarial tests/test_headers_bit_for_bit.py tests/test_outbox_order.py
   tests/test_outbox.py tests/faults/test_bad_input.py tests/test_retries.py tests/test_landing.py
   tests/test_broker_edges.py tests/test_happy_path.py tests/test_publish_many.py
-  tests/test_failover.py tests/contract tests/test_frame_writes.py tests/test_publish_batches.py
+  tests/test_failover.py tests/contract tests/test_publish_batches.py
   tests/test_publish_refusals.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
   tests/test_prefetch_bound.py tests/test_broker_url.py tests/test_permissions.py
   tests/test_adversary_consumer.py tests/test_adversary_decoding.py)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -181,46 +180,3 @@ def test_list_shows_receivers_queues_and_the_retry_topology(rmq, capsys):
 def test_unknown_receiver_is_a_clear_error(rmq):
     with pytest.raises(CommandError, match="Unknown receiver 'nope'"):
         call_command("rmq_consume", "nope")
-
-
-def test_pump_with_wakes_for_input_on_either_connection(rmq):
-    """The consumer waits on its own connection and its retry copies' at once: a confirm on
-    the copies' connection, or a worker's hand-back on the consumer's, ends the wait (the
-    loop once waited out its time limit on one while the other had news)."""
-    from django_rmq_retry import broker
-
-    queue = f"{rmq.prefix}.pump"
-    rmq.ch().queue_declare(queue, auto_delete=False)
-    consumer, copies = broker.connect(), broker.connect()
-    try:
-        confirmed: list[bool] = []
-        channel = broker.ConfirmChannel(copies)
-
-        def on_settled(acked: bool, _returned: bool) -> None:  # as the consumer settles one
-            consumer.call_later(0, lambda: confirmed.append(acked))
-
-        def pumped_until(news: list[Any]) -> bool:
-            """Pump both with a 10-minute limit per wait, on a thread of their own (the
-            test's waits on them meanwhile), until ``news``: whether that came within a
-            generous minute. A wait that ran to its limit on one connection would not."""
-
-            def pump() -> None:
-                while not news:
-                    consumer.pump_with(copies, 600.0)
-
-            pumping = threading.Thread(target=pump, daemon=True)
-            pumping.start()
-            pumping.join(60)
-            return not pumping.is_alive()
-
-        channel.publish("", queue, b"x", {"delivery_mode": 2}, on_settled)
-        assert pumped_until(confirmed)  # the confirm ended the wait
-        assert confirmed == [True]
-
-        handed_back: list[bool] = []
-        threading.Timer(0.2, consumer.call_threadsafe, [lambda: handed_back.append(True)]).start()
-        assert pumped_until(handed_back)  # and so did a worker's hand-back
-    finally:
-        consumer.close()
-        copies.close()
-        rmq.ch().queue_delete(queue)

@@ -21,13 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_rmq_retry.broker import ConfirmChannel, connect, encode_properties
+from django_rmq_retry.broker import Outgoing, connect, encode_properties
 from django_rmq_retry.core import amqptable
 from django_rmq_retry.core.envelope import RawHeaders, requeue_properties, retry_properties
 from django_rmq_retry.core.failure import Failure
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.models import ParkedMessage
 from django_rmq_retry.parking.rows import json_safe_headers, properties_json, row_properties
+from django_rmq_retry.publishing.publisher import Publisher
 from tests.conftest import BROKER_URL
 from tests.faults.rawamqp import Raw, RawPublisher, longstr, shortstr, table
 
@@ -93,17 +94,17 @@ HEADERS = st.dictionaries(KEYS, VALUES, min_size=1, max_size=8)
 
 # The steps, on the real broker ------------------------------------------------------------
 class Bench:
-    """One connection that receives and one that publishes copies, and three queues."""
+    """One connection that receives, a publisher (a link and its confirm window, as retry
+    copies are published) and three queues."""
 
     def __init__(self) -> None:
         self.queues = [f"t-bits-{uuid.uuid4().hex[:8]}-{n}" for n in range(3)]
         self.consumer = connect(BROKER_URL, name="t-bits consumer")
-        self.copies = connect(BROKER_URL, name="t-bits copies")
+        self.copies = Publisher(BROKER_URL, declare=False)
         self.channel = self.consumer.channel()
         self.channel.qos(10)
         for queue in self.queues:
             self.channel.raw.queue_declare(queue, auto_delete=False)
-        self.confirms = ConfirmChannel(self.copies)
         self.got: dict[str, list[dict[str, Any]]] = {q: [] for q in self.queues}
         for queue in self.queues:
             self.channel.consume(queue, self._on_message(queue))
@@ -123,19 +124,13 @@ class Bench:
         raise AssertionError(f"nothing arrived on {queue}")
 
     def publish(self, queue: str, properties: dict[str, Any]) -> None:
-        answers: list[tuple[bool, bool]] = []
-        self.confirms.publish("", queue, b"{}", properties, lambda *a: answers.append(a))
-        for _ in range(400):
-            if answers:
-                assert answers == [(True, False)]
-                return
-            self.copies.pump(0.02)
-        raise AssertionError("no confirm")
+        item = Outgoing("", queue, b"{}", properties)
+        self.copies.send_items([item])  # returns once confirmed (raises otherwise)
+        assert item.confirmed
 
     def close(self) -> None:
         for queue in self.queues:
             self.channel.raw.queue_delete(queue)
-        self.confirms.close()
         self.consumer.close()
         self.copies.close()
 

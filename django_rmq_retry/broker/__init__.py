@@ -1,11 +1,11 @@
 """The transport edge: the only package that imports pika.
 
-Connections and channels (``connection``), connections on an event loop (``links``),
-publishing with confirms in flight (``confirms``; on a link, ``window``), message
-properties encoded (``wire``), topology declaration (``topology``), the header-decoding
-guard (``headerguard``), what pika lacks and we need (``pikaext``: the one module that
-touches pika's internals) and pika's errors translated into ours (``errors``). pika 2.0
-drops ``BlockingConnection``; a transport swap touches this package only.
+Short-lived blocking connections for administrative work (``connection``), connections
+on an event loop (``links``), publishing with confirms in flight on a link (``window``;
+what every publish shares: ``confirms``), message properties encoded (``wire``), topology
+declaration (``topology``), the header-decoding guard (``headerguard``: the one module
+that touches pika's internals) and pika's errors translated into ours (``translate``).
+pika 2.0 drops ``BlockingConnection``; a transport swap touches this package only.
 
 Importing this package loads nothing: its names are looked up on first use (PEP 562), so
 importing the app (every web worker, ``migrate``, ``shell``) neither loads pika nor changes
@@ -18,18 +18,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .confirms import ConfirmChannel, Outgoing, settled_reason
+    from .confirms import Outgoing, settled_reason
     from .connection import Channel, Connection, connect, connection_parameters, mask_url
     from .consuming import ConsumeChannel
-    from .headerguard import decoding
+    from .headerguard import decoding, log_features
     from .links import Link, asyncio_link, select_link
-    from .pikaext import log_features
     from .window import ConfirmWindow
     from .wire import Encoded, decode_properties, encode_properties
 
 #: Each public name and the module that defines it.
 _WHERE = {
-    "ConfirmChannel": "confirms",
     "Outgoing": "confirms",
     "settled_reason": "confirms",
     "Channel": "connection",
@@ -46,12 +44,11 @@ _WHERE = {
     "Encoded": "wire",
     "decode_properties": "wire",
     "encode_properties": "wire",
-    "log_features": "pikaext",
+    "log_features": "headerguard",
 }
 
 __all__ = [
     "Channel",
-    "ConfirmChannel",
     "ConfirmWindow",
     "Connection",
     "ConsumeChannel",

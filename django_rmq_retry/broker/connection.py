@@ -1,8 +1,9 @@
 """Connections and channels: pika's blocking connection behind a small surface of ours.
 
-A :class:`Connection` belongs to the thread that opened it (pika's rule); other threads only
-hand it work with :meth:`Connection.call_threadsafe`. Every call translates pika's errors
-into ours (``broker.translate``), and deliveries reach the caller as plain values, so nothing
+A :class:`Connection` is short-lived administrative work (declaring the topology, reading
+queue depths): the consumer and the publishers run on event loops (``links``). It belongs
+to the thread that opened it (pika's rule). Every call translates pika's errors into ours
+(``broker.translate``), and deliveries reach the caller as plain values, so nothing
 outside this package ever sees a pika object.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -25,7 +25,7 @@ from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost
 from ..core.failover import connect_order
 from ..core.topology_plan import Plan
 from ..core.undecodable import RAW_EXCHANGE, RAW_ROUTING_KEY
-from . import headerguard, pikaext
+from . import headerguard
 from .topology import declare
 from .translate import LOST, describe, translated
 
@@ -230,8 +230,6 @@ class Connection:
         self.raw = raw
         self.url = url
         self.frame_max = frame_max
-        pikaext.join_queued_frames(raw)  # fewer send() calls; off, pika's own writes
-        pikaext.idle_state(raw)  # whether pump_with can wait on two connections at once
 
     @property
     def is_open(self) -> bool:
@@ -249,57 +247,6 @@ class Connection:
         except LOST as exc:
             raise ConnectionLost(describe(exc)) from exc
 
-    def pump_with(self, other: Connection, seconds: float) -> None:
-        """Run both connections' I/O loops, waiting up to ``seconds`` for input on either.
-
-        pika waits on one connection at a time; two connections owned by one thread (the
-        consumer's and its retry copies') would otherwise make the events of one wait for
-        the other's time limit. Both are pumped (output flushed, input read, callbacks and
-        due timers run); then, unless either has a callback or timer due sooner, we wait on
-        both sockets and both thread-safe wake-ups at once, and pump both again. Where
-        pika's poller is not what we know, it falls back to a short pump of each.
-        """
-        self.pump(0)
-        other.pump(0)
-        mine, theirs = _idle_state(self), _idle_state(other)
-        if mine is None or theirs is None:
-            self.pump(min(seconds, 0.001))
-        else:
-            due = [d for d in (mine[1], theirs[1]) if d is not None]
-            wait = min([seconds, *due])
-            if wait > 0:
-                # A socket closed under us raises here: the pumps that follow say so.
-                with contextlib.suppress(OSError, ValueError):
-                    select.select(mine[0] + theirs[0], [], [], wait)
-        other.pump(0)
-        self.pump(0)
-
-    def call_threadsafe(self, callback: Callable[[], None]) -> None:
-        """From any thread: run ``callback`` on the connection's thread, in its I/O loop."""
-        try:
-            self.raw.add_callback_threadsafe(callback)
-        except LOST as exc:
-            raise ConnectionLost(describe(exc)) from exc
-
-    def on_blocked(self, callback: Callable[[bool, str], None]) -> None:
-        """``callback(blocked, reason)`` when the broker blocks (a memory or disk alarm) or
-        unblocks this connection's publishes; it runs in the I/O loop."""
-
-        # pika calls these with (connection, method_frame), whatever its annotations say.
-        def blocked(*args: Any) -> None:
-            callback(True, str(getattr(args[-1].method, "reason", "") or ""))
-
-        def unblocked(*_args: Any) -> None:
-            callback(False, "")
-
-        self.raw.add_on_connection_blocked_callback(blocked)
-        self.raw.add_on_connection_unblocked_callback(unblocked)
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        """On the connection's thread: run ``callback`` from the I/O loop after ``delay``."""
-        with translated():
-            self.raw.call_later(delay, callback)
-
     def close(self) -> None:
         """Close if still open; a connection that is already broken is only forgotten."""
         try:
@@ -308,11 +255,6 @@ class Connection:
                     self.raw.close()
         except Exception:  # already dead: nothing to clean
             logger.debug("closing a broken connection failed", exc_info=True)
-
-
-def _idle_state(connection: Connection) -> tuple[list[int], float | None] | None:
-    """What the connection's I/O loop would wait on (``pikaext.idle_state``), or None."""
-    return pikaext.idle_state(connection.raw)
 
 
 class Consuming:
@@ -356,14 +298,7 @@ class Consuming:
 
 class Channel(Consuming):
     """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through
-    ``broker.window.ConfirmWindow`` on a link; the blocking engine's retry copies through
-    ``broker.confirms.ConfirmChannel``)."""
-
-    @property
-    def close_reason(self) -> str:
-        """Why the channel closed (the broker's reply code and text, when it closed it)."""
-        reason = pikaext.close_reason(self.raw)  # pika keeps no public copy
-        return describe(reason) if reason is not None else "closed"
+    ``broker.window.ConfirmWindow`` on a link)."""
 
     def declare(self, the_plan: Plan) -> None:
         """Declare a topology plan; ``TopologyError`` names what conflicts (then drop us)."""

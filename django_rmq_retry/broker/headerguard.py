@@ -25,26 +25,29 @@ other pika code in the process, before or after ours ran, decodes exactly as pik
 
 pika offers no public way to choose a connection's table decoder, so this is the one module
 that reaches into pika for it (``pika.spec.data``, see :func:`guard_table_decoding`),
-feature-detected on the running pika and reported at start-up with ``pikaext``'s pieces
-(``header guard on``). Tested on the oldest and the newest pika ``pyproject.toml`` allows.
+feature-detected on the running pika and reported once at the consumer's start-up
+(:func:`log_features`: ``pika 1.4.4: header guard on``, at WARNING when off, so production
+learns when a pika upgrade turned it off). Tested on the oldest and the newest pika
+``pyproject.toml`` allows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pika
 import pika.data
 import pika.spec
 
 from ..core import amqptable
 from ..core.envelope import UNDECODABLE_HEADERS, RawHeaders, UndecodableHeaders
 from ..core.undecodable import RAW_HEADERS
-from . import pikaext
 
 
 class _Scope(threading.local):
@@ -67,6 +70,34 @@ def decoding() -> Iterator[None]:
 #: Marks our wrapper of pika's table decoding module (so it is put in place once).
 _MARK = "_rmq_retry_guard"
 _lock = threading.Lock()
+
+logger = logging.getLogger("django_rmq_retry.broker")
+#: Whether the guard could be put in place in this process (None: not tried yet).
+_on: bool | None = None
+_logged = False
+
+
+def pika_version() -> str:
+    return str(getattr(pika, "__version__", "?"))
+
+
+def state() -> bool | None:
+    """Whether the guard is on in this process (None: no connection of ours opened yet)."""
+    return _on
+
+
+def log_features() -> None:
+    """Log once per process whether the guard is on (the consumer calls it at start-up):
+    at INFO, or at WARNING when this pika could not be wrapped."""
+    global _logged
+    with _lock:
+        if _logged:
+            return
+        _logged = True
+        on = _on
+    word = "?" if on is None else "on" if on else "off"
+    level = logging.WARNING if on is False else logging.INFO
+    logger.log(level, "pika %s: header guard %s", pika_version(), word)
 
 
 def installed() -> bool:
@@ -111,7 +142,10 @@ def guard_table_decoding(make: Callable[[Callable[..., Any]], Callable[..., Any]
             setattr(guarded, _MARK, True)
             pika.spec.data = guarded  # type: ignore[attr-defined]
             on = True
-    return pikaext.note("header guard", on)
+        global _on
+        if _on is None or not on:  # once off, it says off
+            _on = on
+    return on
 
 
 def table_decoding_guarded() -> bool:

@@ -3,7 +3,7 @@
 Everything above the broker package catches our types only: ``ConnectionLost`` (reconnect),
 ``ChannelClosed`` (the broker refused something on a channel, with its reply code),
 ``BrokerUnavailable``/``AccessRefused`` (cannot connect; the latter is not worth retrying).
-A publish's answer (returned, nacked) comes through ``confirms.ConfirmChannel``'s callbacks.
+A publish's answer (returned, nacked) comes through ``window.ConfirmWindow``'s callbacks.
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ class Dispatcher(Settler):
         """The consume channel is open: consume every queue of ours on it."""
         channel.qos(self.prefetch)
         channel.on_cancelled(self._cancelled.append)
-        broker.log_features()  # once per process: which of pika's internals we could use
+        broker.log_features()  # once per process: whether the header guard is on
         self._channel = channel
         self._queue_by_tag = {}
         self._cancelled.clear()
