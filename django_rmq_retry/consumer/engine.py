@@ -26,6 +26,7 @@ import asyncio
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -49,6 +50,15 @@ ABANDON_WAIT = 1.0
 CLOSE_WAIT = 5.0
 
 T = TypeVar("T")
+
+
+def _loop_running_here() -> bool:
+    """Whether this thread runs an asyncio event loop now."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _declare(url: str, the_plan: Plan) -> None:
@@ -76,6 +86,29 @@ class Consumer(Dispatcher):
 
     # Public control -------------------------------------------------------------------------
     def run(self) -> Stats:
+        if not _loop_running_here():
+            return self._run_here()
+        # A thread already running an event loop cannot run another (Playwright's sync API
+        # in a test, a notebook, async code calling this): the consumer's loop runs on a
+        # thread of its own, and this call waits for it. A stop request still reaches it
+        # (a flag), and the short joins leave this thread's signal handlers free to run.
+        failures: list[BaseException] = []
+
+        def run_there() -> None:
+            try:
+                self._run_here()
+            except BaseException as exc:  # raised again in the caller's thread
+                failures.append(exc)
+
+        thread = threading.Thread(target=run_there, name="rmq-consumer-loop", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.5)
+        if failures:
+            raise failures[0]
+        return self.stats
+
+    def _run_here(self) -> Stats:
         if self._housekeeper is not None:
             self._housekeeper.start()
         loop = asyncio.new_event_loop()
