@@ -9,7 +9,7 @@ when a project turns them on (``rmq_consume --metrics-port``, the ``TRACING`` se
 Until then :data:`current` is ``None`` and each call site costs one ``is not None`` test:
 nothing of prometheus-client or OpenTelemetry is imported.
 
-Every method may be called from any thread (receiver threads, the connection's thread, the
+Every method may be called from any thread (receiver threads, the consumer's loop, the
 parking thread), must be quick, and must never raise into the consumer.
 """
 

@@ -1,4 +1,4 @@
-"""A delivery as plain data, and what the connection's thread must do with it once handled.
+"""A delivery as plain data, and what the consumer's loop must do with it once handled.
 
 The handler (``consumer.handler``) turns a :class:`Delivery` into one action; the engine
 (``consumer.engine``) or the in-memory test broker (``testing``) carries it out. Neither side

@@ -17,7 +17,7 @@ a plain receiver in its thread: that connection is closed when broken or past
 connections (a failover, a restart, an idle timeout) instead of failing for ever on a dead one.
 
 Acks are the loop's as for every receiver: the job is handed back (``done``) with its
-action, and the connection's thread acks only after the retry copy is confirmed or the
+action, and the consumer's loop acks only after the retry copy is confirmed or the
 parked row committed. A warm shutdown cancels jobs no coroutine has started (their
 deliveries go back to the queue untouched) and lets started ones finish, as the threads do;
 out of time, it abandons them (:meth:`AsyncPool.abandon_running`): each is cancelled where
@@ -185,7 +185,7 @@ class ConnectionHygiene:
 class AsyncPool:
     """The event loop's side of the consumer: the same interface as ``DaemonPool``.
 
-    ``submit`` (from the connection's thread) schedules a job; it waits in the landing
+    ``submit`` (from the consumer's loop) schedules a job; it waits in the landing
     (``hold``) if it is a retry copy that arrived early, then for a free slot of the
     semaphore, then runs; ``done(job)`` hands it back whatever happened.
     """

@@ -228,7 +228,7 @@ class Dispatcher(Settler):
         while stopping)."""
         tags, self._cancelled[:] = list(self._cancelled), []
         for tag in tags:
-            self._spares.forget(tag)  # a spare is not resumed: the next pump decides again
+            self._spares.forget(tag)  # a spare is not resumed: the next tick decides again
         queues = [self._queue_by_tag.pop(tag) for tag in tags if tag in self._queue_by_tag]
         if not queues or self._stop.is_set():
             return []
@@ -267,7 +267,7 @@ class Dispatcher(Settler):
 
     def _adjust_spares(self) -> None:
         """Start or cancel spare consumers as the landing's held copies call for
-        (``consumer/spare.py``). Runs on the connection's thread, after a pump."""
+        (``consumer/spare.py``). Runs on the consumer's loop, on a tick."""
         if self._stop.is_set() or self._winding_down:
             return
         now = time.monotonic()
@@ -387,17 +387,17 @@ class Dispatcher(Settler):
         return on_message
 
     def _hand_back(self, job: Job) -> None:
-        """The event loop of ``async def`` receivers → connection thread: wakes it now."""
+        """The event loop of ``async def`` receivers → the consumer's loop: wakes it now."""
         if self._outcome(job):
             self._done.put(job, now=True)
 
     def _hand_back_in_batch(self, job: Job) -> None:
-        """Receiver thread → connection thread, which wakes once per batch (``HandBack``)."""
+        """Receiver thread → the consumer's loop, which wakes once per batch (``HandBack``)."""
         if self._outcome(job):
             self._done.put(job)
 
     def _outcome(self, job: Job) -> bool:
-        """Whether the connection's thread settles ``job``: not if it was cancelled, is of
+        """Whether the consumer's loop settles ``job``: not if it was cancelled, is of
         a connection gone, or is a row to park (that goes to the parking thread now)."""
         if job.state is CANCELLED:
             return False
@@ -405,7 +405,7 @@ class Dispatcher(Settler):
         if self._connection is None or delivery.generation != self._generation:
             return False
         if isinstance(job.action, StorePark):
-            # Straight to the parking thread: the connection's thread has nothing to do with
+            # Straight to the parking thread: the consumer's loop has nothing to do with
             # it until the row is committed. Through it, each parked message would cost one
             # more hand-off and wake-up.
             self._submit_park(delivery, job.action)

@@ -6,7 +6,7 @@ dead-letter hops cost that day; the consumer holds it here and hands it to a rec
 thread when it is due. It stays a *pending* job all the while: the broker still holds it
 unacked, a warm shutdown or a lost connection cancels it like any job no receiver started,
 and it goes back to its queue untouched. One daemon thread sleeps until the earliest due
-job; receiver threads and the connection's thread never wait for it.
+job; receiver threads and the consumer's loop never wait for it.
 
 It hands a job over ``LEAD`` before its time, with every other job due by then, and the
 receiver thread that takes it waits out the rest while it has nothing else to run

@@ -1,6 +1,6 @@
 """The consumer's notifier thread: work that follows a settled delivery, off the I/O thread.
 
-The connection's thread must only move frames: anything slower there (a ``message_retried``
+The consumer's loop must only move frames: anything slower there (a ``message_retried``
 handler posting an alert, a database delete) holds up every other ack and the heartbeats,
 and a long enough stall makes the broker drop the connection. Such work is queued here and
 runs in order on one daemon thread; nothing waits for it.

@@ -1,12 +1,12 @@
 """The receiver threads: a fixed pool of daemon threads running deliveries as jobs.
 
-Receivers never run on the connection's thread, so a slow receiver never starves
+Receivers never run on the consumer's loop, so a slow receiver never starves
 heartbeats. A job moves pending → running → done, or pending → cancelled (a warm shutdown
 returns deliveries no receiver started to their queue untouched). A retry copy that arrived
 before its due time stays pending in the ``landing`` until then, and in the last
 ``landing.LEAD`` with a receiver thread that has nothing else to run (``_next``).
 
-Finished jobs go back to the connection's thread through a :class:`HandBack`, in batches:
+Finished jobs go back to the consumer's loop through a :class:`HandBack`, in batches:
 one wake-up of that thread per batch, never one per message.
 """
 
@@ -25,7 +25,7 @@ from .actions import Action, Delivery
 from .landing import Landing
 
 PENDING, RUNNING, DONE, CANCELLED = "pending", "running", "done", "cancelled"
-#: The connection's thread wakes once per this fraction of the prefetch window of outcomes
+#: The consumer's loop wakes once per this fraction of the prefetch window of outcomes
 #: (or sooner, when a receiver thread runs out of work): see :class:`HandBack`.
 HAND_BACK_SHARE = 4
 
@@ -57,15 +57,15 @@ class Job:
 
 
 class HandBack:
-    """Finished jobs on their way to the connection's thread, which wakes once per batch.
+    """Finished jobs on their way to the consumer's loop, which wakes once per batch.
 
     A wake-up costs that thread an event dispatch, the GIL and an ack frame; a busy queue
     would pay it per message. So threads :meth:`put` jobs, and ``wake()`` (which schedules a
-    :meth:`take` on the connection's thread) runs at most once at a time: once ``every``
+    :meth:`take` on the consumer's loop) runs at most once at a time: once ``every``
     jobs were put since the last wake-up, at once for ``put(now=True)``, or when a receiver
     thread is about to wait for work (:meth:`idle`: nothing it finished waits for a batch
     that is not coming). What a wake-up that never ran leaves behind, the connection's
-    thread takes on its next pump (a safety net: ``bool(hand_back)`` says whether any).
+    loop takes on its next tick (a safety net: ``bool(hand_back)`` says whether any).
     """
 
     def __init__(self, every: int, wake: Callable[[], None]) -> None:
@@ -80,7 +80,7 @@ class HandBack:
         return bool(self._jobs)
 
     def put(self, job: Job, *, now: bool = False) -> None:
-        """Any thread: queue ``job``; wake the connection's thread if the batch is full."""
+        """Any thread: queue ``job``; wake the consumer's loop if the batch is full."""
         self._jobs.append(job)
         self._queued(1, now)
 
@@ -107,7 +107,7 @@ class HandBack:
         self._wake()
 
     def take(self) -> list[Job]:
-        """Connection thread: every job queued (a job put meanwhile wakes again later)."""
+        """The consumer's loop: every job queued (a job put meanwhile wakes again later)."""
         with self._lock:
             self._pending, self._since = False, 0
         jobs = self._jobs

@@ -59,7 +59,7 @@ class Settler:
         raise NotImplementedError
 
     def _drain(self) -> None:
-        """Connection thread: settle every finished delivery.
+        """The consumer's loop: settle every finished delivery.
 
         The ack book (``acks``) turns what settled into the fewest frames: a tag still
         running, waiting for its retry copy's confirm or its parked row's commit, or skipped
@@ -137,9 +137,9 @@ class Settler:
         self._done.put_batch(jobs)
 
     def _flush_acks(self) -> None:
-        """Connection thread: send what settled since the last flush, nacks first
-        (``acks``). A channel the broker closed is left alone: the pump says why, and the
-        broker has its deliveries back."""
+        """The consumer's loop: send what settled since the last flush, nacks first
+        (``acks``). A channel the broker closed is left alone: its close callback says why,
+        and the broker has its deliveries back."""
         if not self._acks.pending or self._channel is None or not self._channel.is_open:
             return
         for frame in self._acks.flush():

@@ -26,7 +26,7 @@ prefetch, and cancels it once nothing of that queue has been held for a while. T
 same channel; cancelling it leaves its unacked deliveries where they are, and pika gives
 back to the queue, untouched, any it had not dispatched yet.
 
-This module only decides (pure state, no broker): the consumer loop asks it after each pump
+This module only decides (pure state, no broker): the consumer's loop asks it on each tick
 and does what it says.
 """
 
