@@ -29,10 +29,11 @@ from django_rmq_retry.models import (
     RequeueItem,
     RequeueOperation,
 )
-from django_rmq_retry.parking import operations, requeuing
+from django_rmq_retry.parking import operations
 from tests.test_admin import operator, post_action
 from tests.test_admin_requeue_background import run_until_settled
 from tests.test_operations import handled_ids, park_rows
+from tests.test_operations_state import once_confirmed
 
 pytestmark = [
     pytest.mark.broker,
@@ -145,25 +146,8 @@ def test_a_locked_row_delays_neither_the_click_nor_the_step_and_is_sent_once_aft
 def locked_once_confirmed(monkeypatch: pytest.MonkeyPatch, pk: int) -> Iterator[list[Locker]]:
     """Another transaction locks row ``pk`` once the broker confirmed the requeue's first
     batch, before the run marks it: the lock arrives after the claim."""
-    real = requeuing.get_publisher
     lockers: list[Locker] = []
-
-    class Hooked:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-        def stream_batches(self, batches: Any, answered: Any, **kwargs: Any) -> Any:
-            def hooked(batch: Any) -> None:
-                if not lockers:
-                    lockers.append(Locker(pk))
-                answered(batch)
-
-            return self.inner.stream_batches(batches, hooked, **kwargs)
-
-    monkeypatch.setattr(requeuing, "get_publisher", lambda *a, **k: Hooked(real(*a, **k)))
+    once_confirmed(monkeypatch, lambda: lockers.append(Locker(pk)))
     try:
         yield lockers
     finally:
