@@ -430,7 +430,11 @@ def test_the_real_broker_s_406_is_isolated_on_a_link(broker_ok, monkeypatch, kin
             props["user_id"] = "mallory"
         item = Outgoing("", queue, json.dumps({"n": name}).encode(), props)
         window.submit(item, lambda it: answers.__setitem__(it.message_id, it.state))
-    loop.run_until("every answer", lambda: len(answers) == len(names) or outages)
+    # The window leaves "isolating" on a timer after the last suspect's answer: wait for it.
+    loop.run_until(
+        "every answer, then normal again",
+        lambda: (len(answers) == len(names) and window.state == "normal") or outages,
+    )
     assert not outages and link.is_open and window.state == "normal"
     assert answers == {name: "refused" if name == "m5" else "ack" for name in names}
     stored = _drain(queue)
@@ -472,7 +476,11 @@ def test_the_real_broker_s_501_is_isolated_on_a_new_link(broker_ok, monkeypatch,
             props["headers"] = {"big": "x" * 140_000}  # over the 131072-byte frame_max
         item = Outgoing("", queue, b"{}", props)
         window.submit(item, lambda it: answers.__setitem__(it.message_id, it.state))
-    loop.run_until("every answer", lambda: len(answers) == len(names) or outages)
+    # The window leaves "isolating" on a timer after the last suspect's answer: wait for it.
+    loop.run_until(
+        "every answer, then normal again",
+        lambda: (len(answers) == len(names) and window.state == "normal") or outages,
+    )
     assert not outages and window.state == "normal"
     assert answers == {name: "refused" if name == "m2" else "ack" for name in names}
     assert not first.is_open and first.closed_why.startswith("501")
