@@ -10,62 +10,45 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import random
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.conf import settings
 
 from .. import hooks as _hooks
 from ..conf import app_settings
 from ..core import history
 from ..core.backoff import Policy
-from ..core.deadletter import dead_letter_park, last_death
 from ..core.delays import DelayLevels, epoch_us, landing_wait, route
 from ..core.envelope import Envelope, read_incoming, retry_properties
 from ..core.failure import (
     Failure,
     error_summary,
     error_type_name,
-    fingerprint,
-    frames_of,
-    library_roots,
-    traceback_text,
 )
-from ..core.header_budget import fit_headers, properties_room, too_large_detail
+from ..core.header_budget import too_large_detail
 from ..core.logfields import current_message, fields, message_fields
 from ..core.message import Message
 from ..core.names import Names
 from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
-from ..core.topology_plan import QUORUM_DELIVERY_LIMIT
 from ..core.undecodable import without_headers
-from ..parking import ParkRequest, operations
+from ..parking import operations
 from ..registry import Receiver
 from ..registry.policies import policy_cache
 from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
 from .delivery_limit import DeliveryLimit
 from .inbox import message_key, run_once
+from .parks import Encoded, Parks, receiver_for_queue
 
 logger = logging.getLogger("django_rmq_retry.consumer")
-
-#: Longest error message kept on a parked row (headers get ``ERROR_HEADER_MAX``).
-ROW_ERROR_MAX = 10_000
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-class Encoded(Protocol):
-    """Properties encoded for the wire (``broker.Encoded``): the handler reads their size."""
-
-    data: bytes
 
 
 class Handler:
@@ -99,18 +82,6 @@ class Handler:
         #: The publishing connection's frame limit (0: none known, copies are not fitted).
         self.frame_max = 0
         self.encode = encode
-        h = names.header
-        self._error_header = h("error")
-        #: Our optional headers, in the order they go when a copy does not fit its frame.
-        #: The attempt history goes first: the least needed to route and count a copy.
-        self._history_header = h("history")
-        self._droppable = (
-            h("error"),
-            h("error-type"),
-            h("last-failure"),
-            h("first-failure"),
-        )
-        self._host = socket.gethostname()
         self.levels = levels
         self.landing_ms = landing_ms
         self._due_header = names.header("due")
@@ -122,8 +93,9 @@ class Handler:
         self.clock = clock
         self.rng = rng or random.Random()
         self.error_header_max = int(app_settings.ERROR_HEADER_MAX)
-        self._roots = library_roots()
-        self._base_dir = str(getattr(settings, "BASE_DIR", "") or "")
+        #: The parking side: rows to park, copies fitted to their frame (``consumer.parks``).
+        self.parks = Parks(names, clock)
+        self._history_header = self.parks.history_header
         #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
         self.hooks = _hooks.current
 
@@ -156,15 +128,15 @@ class Handler:
         tracing span made current in one context cannot be detached in another)."""
         headers = d.properties.get("headers") or {}
         if d.receiver is None and d.queue == self.names.dead_queue:
-            return self._park_dead_letter(d, headers)
+            return self.parks.dead_letter(d, headers)
         env = read_incoming(headers, d.exchange, d.routing_key, self.names)
         rec = d.receiver
         if rec is None:  # the orphans queue: a retry whose receiver queue vanished
             target = env.target or "?"
             verdict = triage(env, d.body, d.properties, orphaned=True)
             assert isinstance(verdict, Park)
-            return self._park(
-                replace(d, queue=target), _receiver_for_queue(target, self.names), env, verdict
+            return self.parks.park(
+                replace(d, queue=target), receiver_for_queue(target, self.names), env, verdict
             )
         if env.warning:
             logger.warning(
@@ -183,7 +155,7 @@ class Handler:
         if isinstance(verdict, Park):
             if env.undecodable is not None:
                 d = replace(d, properties=without_headers(d.properties))
-            return self._park(d, rec.name, env, verdict, start_key=start_key)
+            return self.parks.park(d, rec.name, env, verdict, start_key=start_key)
         return Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
 
     def observe(self, step: Attempt) -> None:
@@ -229,19 +201,6 @@ class Handler:
                 operations.report_handled(headers, self._operation_header, self._parked_id_header)
             action = Ack(start_key=start_key) if start_key is not None else HANDLED
         return action
-
-    def _park_dead_letter(self, d: Delivery, headers: dict[str, Any]) -> StorePark:
-        """A message the broker gave up on (quorum delivery limit): park it where it was."""
-        death = last_death(headers)
-        queue = death.queue if death else "?"
-        exchange, routing_key = (death.exchange, death.routing_key) if death else ("", "")
-        env = read_incoming(headers, exchange, routing_key, self.names)
-        if queue == self.names.orphan_queue:  # an orphaned retry: it belongs to its target
-            queue = env.target or queue
-        verdict = dead_letter_park(death, QUORUM_DELIVERY_LIMIT)
-        return self._park(
-            replace(d, queue=queue), _receiver_for_queue(queue, self.names), env, verdict
-        )
 
     def attempt(self, rec: Receiver, message: Message) -> BaseException | None:
         """Run the receiver once; what it raised, if anything.
@@ -318,7 +277,7 @@ class Handler:
             env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng
         )
         if isinstance(decision, Park):
-            return self._park(
+            return self.parks.park(
                 d, rec.name, env, decision, exc=exc, start_key=start_key, took_ms=took_ms
             )
         assert isinstance(decision, RetryLater)
@@ -344,15 +303,15 @@ class Handler:
         )
         props["headers"][self._history_header] = history.add(
             props["headers"].get(self._history_header),
-            self._attempt_record(env, exc, now, took_ms, way.delay_ms / 1000),
+            self.parks.attempt_record(env, exc, now, took_ms, way.delay_ms / 1000),
         )
         if self.hooks is not None:  # e.g. this attempt's trace context, for the next one
             self.hooks.retry_copy(props["headers"])
-        fitted, wire = self._fit_to_frame(props)
+        fitted, wire = self.parks.fit_to_frame(props, self.frame_max, self.encode)
         if fitted is None:  # not even without our optional headers: park now, never loop
             needed = wire  # (then the bytes the copy would need)
             park = Park(ParkReason.NON_RETRYABLE, too_large_detail(self.frame_max, needed))
-            return self._park(d, rec.name, env, park, exc=exc, start_key=start_key)
+            return self.parks.park(d, rec.name, env, park, exc=exc, start_key=start_key)
         props = fitted
         log_line = (
             f"retry {rec.name} message {message.message_id} attempt "
@@ -378,111 +337,9 @@ class Handler:
         )
 
     def park_refused_copy(self, d: Delivery, why: str, start_key: str | None) -> StorePark:
-        """The broker refuses ``d``'s retry copy for what it carries (publishing it again
-        cannot help): park the original now, with the broker's reason, instead of giving it
-        back to run its receiver again (the consumer's loop calls this)."""
-        headers = d.properties.get("headers") or {}
-        env = read_incoming(headers, d.exchange, d.routing_key, self.names)
-        receiver = d.receiver.name if d.receiver is not None else d.queue
-        detail = f"the broker refuses its retry copy: {why}"
-        park = Park(ParkReason.NON_RETRYABLE, detail)
-        return self._park(d, receiver, env, park, start_key=start_key)
-
-    def _attempt_record(
-        self,
-        env: Envelope,
-        exc: BaseException,
-        at: datetime,
-        took_ms: float,
-        next_delay_s: float | None,
-    ) -> str:
-        """This attempt for the history header (``core.history``): a few microseconds, the
-        frame found as the failure group finds it (``walk_tb``, no source lines read)."""
-        what = fingerprint(
-            error_type_name(exc), frames_of(exc.__traceback__), self._roots, self._base_dir
-        )
-        return history.record(env.attempt, at, self._host, os.getpid(), took_ms, what, next_delay_s)
-
-    def _fit_to_frame(self, props: dict[str, Any]) -> tuple[dict[str, Any] | None, Any]:
-        """A retry copy's properties fitted to the publishing connection's frame limit
-        (``core.header_budget``) and their encoded form: ``(None, bytes needed)`` if they
-        cannot fit, ``(props, None)`` when copies are not measured."""
-        if not self.frame_max or self.encode is None:
-            return props, None
-        wire = self.encode(props)
-        room = properties_room(self.frame_max)
-        if room is None or len(wire.data) <= room:  # nearly always: encoded once, sent as is
-            return props, wire
-        encode = self.encode
-
-        def size(p: Mapping[str, Any]) -> int:
-            return len(encode(p).data)
-
-        fitted = fit_headers(
-            props,
-            room,
-            size,
-            error_header=self._error_header,
-            droppable=self._droppable,
-            drop_first=(self._history_header,),
-        )
-        if fitted is None:
-            optional = {*self._droppable, self._history_header}
-            headers = {k: v for k, v in props["headers"].items() if k not in optional}
-            return None, size({**props, "headers": headers})
-        return fitted, self.encode(fitted)
-
-    def _park(
-        self,
-        d: Delivery,
-        receiver: str,
-        env: Envelope,
-        decision: Park,
-        *,
-        exc: BaseException | None = None,
-        start_key: str | None = None,
-        took_ms: float = 0.0,
-    ) -> StorePark:
-        """Describe the row to park (the parking thread writes it)."""
-        now = self.clock()
-        if exc is not None:
-            error_type = error_type_name(exc)
-            error_message = error_summary(exc, ROW_ERROR_MAX)
-            tb = traceback_text(exc)
-            group = fingerprint(
-                error_type, frames_of(exc.__traceback__), self._roots, self._base_dir
-            )
-        else:
-            error_type = decision.reason.value
-            error_message = decision.detail
-            tb = ""
-            group = f"{decision.reason.value}: {decision.detail.split(':')[0]}"
-        request = ParkRequest(
-            receiver=receiver,
-            queue=d.queue,
-            exchange=env.exchange,
-            routing_key=env.routing_key,
-            body=d.body,
-            properties=d.properties,
-            reason=decision.reason.value,
-            reason_detail=decision.detail,
-            attempts=env.attempt,
-            redelivered=d.redelivered,
-            error_type=error_type,
-            error_message=error_message,
-            traceback=tb,
-            fingerprint=group,
-            first_failure_at=env.first_failure or now,
-            last_failure_at=now,
-            attempt_record=(
-                self._attempt_record(env, exc, now, took_ms, None) if exc is not None else ""
-            ),
-        )
-        log_line = (
-            f"parked {receiver} message {d.properties.get('message_id')} after {env.attempt} "
-            f"attempt(s): {decision.reason.value} ({error_message[:200]})"
-        )
-        return StorePark(request, start_key, log_line)
+        """The broker refuses ``d``'s retry copy for what it carries: park the original now
+        (``Parks.refused_copy``; the consumer's settling side calls this)."""
+        return self.parks.refused_copy(d, why, start_key)
 
 
 @dataclass(slots=True)
@@ -510,8 +367,3 @@ def _timestamp(value: Any) -> datetime | None:
         except (OverflowError, OSError, ValueError):
             return None
     return None
-
-
-def _receiver_for_queue(queue: str, names: Names) -> str:
-    prefix = names.prefix + "."
-    return queue[len(prefix) :] if queue.startswith(prefix) else queue
