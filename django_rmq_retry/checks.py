@@ -86,6 +86,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_observability(),
         *_channels_module(),
         *_alerts(),
+        *_dependencies(),
     ]
 
 
@@ -254,6 +255,51 @@ def _alerts() -> Messages:
                 id=f"{ID}.W003",
             )
         )
+    return out
+
+
+def _dependencies() -> Messages:
+    """Each DEPENDENCIES entry well formed, its exceptions importable exception classes, and
+    every receiver's ``depends_on`` a name it defines."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import import_string
+
+    from .conf import dependency_limits
+    from .registry import default_registry
+
+    try:
+        limits = dependency_limits()
+    except ImproperlyConfigured as exc:
+        return [_err(18, str(exc), "docs/howto/dependencies.md lists each key and its default.")]
+    out: Messages = []
+    for name, dep in limits.items():
+        for path in dep.exceptions:
+            try:
+                found = import_string(path)
+            except ImportError as exc:
+                found = exc
+            if not (isinstance(found, type) and issubclass(found, BaseException)):
+                out.append(
+                    _err(
+                        18,
+                        f"{SETTING_NAME}['DEPENDENCIES'][{name!r}]['EXCEPTIONS']: {path!r} is "
+                        f"not an exception class ({found}).",
+                        "Give the dotted path of an exception class, e.g. "
+                        "'builtins.ConnectionError' or 'requests.exceptions.Timeout'.",
+                    )
+                )
+    for rec in default_registry.all():
+        unknown = [n for n in rec.depends_on if n not in limits]
+        if unknown:
+            out.append(
+                _err(
+                    19,
+                    f"Receiver {rec.name} depends_on {', '.join(map(repr, unknown))}, which "
+                    f"{SETTING_NAME}['DEPENDENCIES'] does not define.",
+                    f"Define it in {SETTING_NAME}['DEPENDENCIES'] (known: "
+                    f"{', '.join(sorted(limits)) or 'none'}), or fix the name.",
+                )
+            )
     return out
 
 

@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver as django_receiver
 
+from .core.breaker import Limits
 from .core.delays import DelayLevels
 from .core.names import Names
 from .core.topology_plan import Plan, QueueOwner, plan
@@ -158,6 +159,10 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_DIR": None,
     # Seconds without a turn of the I/O loop after which liveness fails.
     "LIVENESS_TIMEOUT": 60,
+    # Breakers per dependency (docs/howto/dependencies.md): {"payments": {"EXCEPTIONS":
+    # [dotted paths], "TRIP_FAILURES": 5, "TRIP_WINDOW": 30, "PROBE_AFTER": 10,
+    # "PROBE_BACKOFF_MAX": 300, "REPLAY_PARKED": True}}; receivers name them in depends_on=.
+    "DEPENDENCIES": {},
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])
@@ -230,3 +235,22 @@ def current_levels() -> DelayLevels:
 def current_plan(receivers: Iterable[QueueOwner], names: Names | None = None) -> Plan:
     """The topology for ``receivers`` under the current settings (``names`` overrides the prefix)."""
     return plan(receivers, names or current_names(), current_levels(), str(app_settings.QUEUE_TYPE))
+
+
+def dependency_limits() -> dict[str, Limits]:
+    """Every dependency's breaker limits by name (``DEPENDENCIES``); ``ImproperlyConfigured``
+    names the dependency and the key that is wrong."""
+    deps = app_settings.DEPENDENCIES or {}
+    if not isinstance(deps, Mapping):
+        raise ImproperlyConfigured(
+            f"{SETTING_NAME}['DEPENDENCIES'] must be a dict of name -> settings, got {deps!r}."
+        )
+    out: dict[str, Limits] = {}
+    for name, data in deps.items():
+        if not isinstance(name, str) or not name:
+            raise ImproperlyConfigured(f"{SETTING_NAME}['DEPENDENCIES']: bad name {name!r}.")
+        try:
+            out[name] = Limits.from_mapping(data)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{SETTING_NAME}['DEPENDENCIES'][{name!r}]: {exc}.") from exc
+    return out

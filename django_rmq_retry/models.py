@@ -6,6 +6,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from .breaker_models import Dependency as Dependency  # the breakers' tables, found here
+from .breaker_models import DependencyEvent as DependencyEvent
+from .breaker_models import DependencyFailure as DependencyFailure
 from .core.backoff import Policy, policy_errors
 from .core.outcome import ParkReason
 

@@ -65,6 +65,9 @@ class Receiver:
     #: RabbitMQ priorities of the queue (``x-max-priority``; 0: none). Tasks use it; the
     #: argument is declared on classic queues only (``core.topology_plan``).
     max_priority: int = 0
+    #: The dependencies it calls (``RMQ_RETRY["DEPENDENCIES"]`` names): while one's breaker
+    #: is open this receiver's queue is not consumed.
+    depends_on: tuple[str, ...] = ()
 
     @property
     def routing_keys(self) -> list[str]:
@@ -123,9 +126,11 @@ class Registry:
         queue: str | None = None,
         retry: Policy | Mapping[str, Any] | None = None,
         idempotent: bool = False,
+        depends_on: str | Iterable[str] = (),
     ) -> Receiver:
         topics = list(topics)
         name = dotted_path(func)
+        needs = _dependency_names(depends_on, name)
         if not topics or not all(isinstance(t, TopicKey) for t in topics):
             raise ImproperlyConfigured(f"Receiver {name}: give one or more Topic objects.")
         if queue is not None and not _QUEUE_NAME.match(queue):
@@ -157,6 +162,7 @@ class Registry:
                         existing.topics.append(t)
                 existing.policy = policy or existing.policy
                 existing.idempotent = existing.idempotent or idempotent
+                existing.depends_on = tuple(dict.fromkeys((*existing.depends_on, *needs)))
                 return existing
             suffix = queue
             for other in self._by_name.values():
@@ -172,6 +178,7 @@ class Registry:
                 topics=topics,
                 policy=policy,
                 idempotent=idempotent,
+                depends_on=needs,
             )
             self._by_name[name] = rec
             return rec
@@ -264,6 +271,17 @@ def app_missing_hint() -> str:
     )
 
 
+def _dependency_names(depends_on: str | Iterable[str], name: str) -> tuple[str, ...]:
+    """``depends_on=`` as a tuple of names (a name or a list of names)."""
+    needs = [depends_on] if isinstance(depends_on, str) else list(depends_on or ())
+    if not all(isinstance(n, str) and n for n in needs):
+        raise ImproperlyConfigured(
+            f"Receiver {name}: depends_on= must be a dependency name or a list of names "
+            f'(keys of RMQ_RETRY["DEPENDENCIES"]), got {depends_on!r}.'
+        )
+    return tuple(dict.fromkeys(needs))
+
+
 def _unwrap(func: Any) -> Any:
     return inspect.unwrap(func) if callable(func) else func
 
@@ -277,18 +295,26 @@ def receiver(
     queue: str | None = None,
     retry: Policy | Mapping[str, Any] | None = None,
     idempotent: bool = False,
+    depends_on: str | Iterable[str] = (),
     registry: Registry | None = None,
 ) -> Callable[[ReceiverFunc], ReceiverFunc]:
     """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``.
 
     ``idempotent=True``: the receiver's database effects happen once per message even when
-    it is delivered twice (docs/howto/outbox.md).
+    it is delivered twice (docs/howto/outbox.md). ``depends_on="payments"`` (or a list):
+    while that dependency's breaker is open the receiver does not run and the broker keeps
+    its messages (docs/howto/dependencies.md).
     """
     topics = [topic] if isinstance(topic, TopicKey) else list(topic)
 
     def decorator(func: ReceiverFunc) -> ReceiverFunc:
         (registry if registry is not None else default_registry).register(
-            func, topics, queue=queue, retry=retry, idempotent=idempotent
+            func,
+            topics,
+            queue=queue,
+            retry=retry,
+            idempotent=idempotent,
+            depends_on=depends_on,
         )
         return func
 
