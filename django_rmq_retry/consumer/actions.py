@@ -49,10 +49,16 @@ HANDLED = Ack()
 class Release:
     """Give the delivery back to the queue (shutdown while it could not be parked).
 
-    Counts against the message's give-back budget: its delivery-limit row is kept.
+    Counts against the message's give-back budget: its delivery-limit row is kept. A gate's
+    give-back (``consumer.gates``) is not ``counted``: no receiver started, its
+    delivery-limit row (``start_key``) is forgotten, and it goes back after ``wait``
+    seconds, the delivery unacked meanwhile (the loop holds it, never a receiver thread).
     """
 
     cause: str = "it was released unfinished"  # named by the parked row if it loops
+    counted: bool = True
+    wait: float = 0.0
+    start_key: str | None = None  # (not counted) the delivery-limit row to forget
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,16 @@ class PublishRetry:
         for _receiver, result in signals.message_retried.send_robust(**self.signal_kwargs):
             if isinstance(result, Exception):
                 logger.error("a message_retried signal receiver failed: %r", result)
+
+
+@dataclass(frozen=True)
+class PublishHold(PublishRetry):
+    """A gate's hold (``consumer.gates``): a copy, same attempt, waits in the delay levels
+    and comes back; the original is acked once the broker confirmed the copy. Carried out
+    as a retry copy is, but nothing failed: logged at INFO, no ``message_retried``."""
+
+    def announce(self) -> None:
+        logger.info(self.log_line, extra=self.log_extra)
 
 
 @dataclass(frozen=True)

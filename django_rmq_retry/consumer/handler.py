@@ -12,7 +12,7 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -41,6 +41,7 @@ from ..registry import Receiver
 from ..registry.policies import policy_cache
 from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
 from .delivery_limit import DeliveryLimit
+from .gates import Arrival, Gate, Pipeline
 from .inbox import message_key, run_once
 from .parks import Encoded, Parks, receiver_for_queue
 
@@ -77,6 +78,7 @@ class Handler:
         rng: random.Random | None = None,
         landing_ms: int = 0,
         encode: Callable[[Mapping[str, Any]], Encoded] | None = None,
+        gates: Iterable[Gate] | None = None,
     ) -> None:
         self.names = names
         #: The publishing connection's frame limit (0: none known, copies are not fitted).
@@ -96,6 +98,8 @@ class Handler:
         #: The parking side: rows to park, copies fitted to their frame (``consumer.parks``).
         self.parks = Parks(names, clock)
         self._history_header = self.parks.history_header
+        #: The checks before a receiver runs (``consumer.gates``; ``None``: ``GATES``).
+        self.gates = Pipeline(names, levels, clock, landing_ms=landing_ms, gates=gates)
         #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
         self.hooks = _hooks.current
 
@@ -156,6 +160,10 @@ class Handler:
             if env.undecodable is not None:
                 d = replace(d, properties=without_headers(d.properties))
             return self.parks.park(d, rec.name, env, verdict, start_key=start_key)
+        passed = self.gates.run(d, rec, env, verdict.body)
+        if not isinstance(passed, Arrival):  # a gate parks, holds or gives it back
+            return self.gates.action(passed, d, rec, env, start_key, self.parks.park)
+        verdict = Run(verdict.body, passed.data)
         return Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
 
     def observe(self, step: Attempt) -> None:
@@ -260,6 +268,7 @@ class Handler:
             redelivered=d.redelivered,
             requeued=env.requeued,
             properties=d.properties,
+            data=run.body if run.data is None else run.data,
         )
 
     def _after_failure(

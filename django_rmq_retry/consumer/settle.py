@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from .. import hooks as _hooks
@@ -24,6 +25,7 @@ from .acks import AckBook
 from .actions import Ack, Delivery, PublishRetry, Release, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
+from .landing import Landing
 from .notifier import Notifier
 from .park_writer import ParkJob, ParkWriter
 from .pool import HandBack, Job
@@ -49,6 +51,9 @@ class Settler:
     _parking_lock: threading.Lock
     _hooks: _hooks.Hooks | None
     _last_activity: float
+    _stop: threading.Event
+    #: Gates' give-backs waiting out their ``wait`` (``_give_back_later``).
+    _give_backs: Landing[Job] | None = None
 
     def _outcome(self, job: Job) -> bool:
         raise NotImplementedError
@@ -93,9 +98,15 @@ class Settler:
                         self._hooks, delivery, "parked" if action.kind == "parked" else "acked"
                     )
             elif isinstance(action, Release):
+                if action.wait > 0 and not self._stop.is_set():
+                    self._give_back_later(job, action)  # a gate's: back here after its wait
+                    continue
                 self._inflight.pop(delivery.tag, None)
                 self._acks.nack(delivery.tag, requeue=True)
-                self._limits.note(delivery, action.cause)
+                if action.counted:
+                    self._limits.note(delivery, action.cause)
+                else:  # a gate gave it back: no receiver started, nothing to count
+                    settled_keys.append(action.start_key)
                 self.stats.released += 1
                 if self._hooks is not None:
                     _settled(self._hooks, delivery, "released")
@@ -106,6 +117,17 @@ class Settler:
         self._flush_acks()
         if any(settled_keys):
             self._notifier.submit(functools.partial(self._limits.forget, settled_keys))
+
+    def _give_back_later(self, job: Job, action: Release) -> None:
+        """The consumer's loop: hold a gate's give-back ``action.wait`` seconds (unacked,
+        in flight), then hand it back to :meth:`_drain`, which sends the nack. One thread
+        for every give-back, started with the first (``landing``); a give-back of a
+        connection gone by then is skipped (the broker has it back)."""
+        if self._give_backs is None:
+            done = self._done
+            self._give_backs = Landing(lambda j: done.put(j, now=True), "rmq-give-back")
+        job.finish(replace(action, wait=0.0), None)
+        self._give_backs.hold(job, time.monotonic() + action.wait, lead=0)
 
     def _submit_park(self, delivery: Delivery, action: StorePark) -> None:
         """Any thread: the parking thread commits the row. The delivery stays in flight and

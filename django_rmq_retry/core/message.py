@@ -15,7 +15,8 @@ class Message:
     ``raw`` the exact bytes. ``routing_key``/``exchange`` are the ones the message was first
     published with, even on a retry that travelled through the delay levels. ``attempt`` is
     1 on the first delivery and counts our retries, not broker redeliveries (see
-    ``redelivered``).
+    ``redelivered``). ``data`` is what the receiver's schema made of the body (an instance
+    of it, validated before the receiver ran), or the body itself without a schema.
     """
 
     body: Any
@@ -33,3 +34,4 @@ class Message:
     redelivered: bool
     requeued: int = 0
     properties: dict[str, Any] = field(default_factory=dict, repr=False)
+    data: Any = None

@@ -77,9 +77,11 @@ def decide(
 
 @dataclass(frozen=True)
 class Run:
-    """Hand the decoded body to the receiver."""
+    """Hand the decoded body to the receiver (and ``data``, e.g. the typed instance the
+    body was validated into, as ``message.data``; ``None``: the body)."""
 
     body: Any
+    data: Any = None
 
 
 def triage(

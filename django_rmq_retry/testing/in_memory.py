@@ -28,7 +28,15 @@ from django.db import transaction
 from django.test import TestCase
 
 from ..conf import app_settings, current_levels, current_names, current_plan
-from ..consumer.actions import Ack, Action, Delivery, PublishRetry, Release, StorePark
+from ..consumer.actions import (
+    Ack,
+    Action,
+    Delivery,
+    PublishHold,
+    PublishRetry,
+    Release,
+    StorePark,
+)
 from ..consumer.delivery_limit import DeliveryLimit
 from ..consumer.handler import Handler
 from ..consumer.park_writer import ParkJob, commit
@@ -52,7 +60,10 @@ class ReceiverRun:
     receiver: str  # dotted path of the receiver ("" for the orphans queue)
     message_id: str | None
     attempt: int
-    outcome: str  # "handled", "retried", "parked" or "released" (given back to its queue)
+    #: "handled", "retried", "parked", "released" (given back to its queue), or what a gate
+    #: (``consumer.gates``) decided before the receiver ran: "held" (a copy waits in the
+    #: delay levels) or "given_back" (back to its queue after a wait, nothing counted).
+    outcome: str
     at: float  # virtual seconds since the broker started
     delay: float | None = None  # retried: seconds until the next attempt
     reason: str | None = None  # parked: the park reason ("exhausted", "rejected", ...)
@@ -98,6 +109,8 @@ class InMemoryBroker:
         }
         self._by_queue[self.names.orphan_queue] = None
         self.runs: list[ReceiverRun] = []
+        #: Gates' give-backs waiting out their wait: (virtual due ms, queue, message).
+        self._given_back: list[tuple[int, str, Stored]] = []
         self.sent: list[SentMessage] = []
         self.publisher = _MemoryPublisher(self)
         self._previous: Any = None
@@ -148,6 +161,9 @@ class InMemoryBroker:
         while True:
             self._deliver_ready(max_deliveries - (len(self.runs) - first))
             due = self.model.next_expiry_ms()
+            if self._given_back:
+                back = min(at for at, _q, _m in self._given_back)
+                due = back if due is None else min(due, back)
             if due is None:
                 return self.runs[first:]
             self.model.advance_to(due)
@@ -168,6 +184,7 @@ class InMemoryBroker:
         delivered = 0
         while True:
             self._relay_outbox()
+            self._return_given_back()
             ready = [q for q in self._by_queue if self.model.has_ready(q)]
             if not ready:
                 return
@@ -183,6 +200,16 @@ class InMemoryBroker:
                 if stored is not None:
                     self._deliver(queue, self._by_queue[queue], stored)
                     delivered += 1
+
+    def _return_given_back(self) -> None:
+        """Gates' give-backs whose wait is over go back to the head of their queue."""
+        if not self._given_back:
+            return
+        now = self.model.now_ms
+        due = [g for g in self._given_back if g[0] <= now]
+        self._given_back = [g for g in self._given_back if g[0] > now]
+        for _at, queue, stored in reversed(due):  # the first given back ends up first
+            self.model.give_back(queue, stored)
 
     def _relay_outbox(self) -> None:
         """Publish the outbox rows the test committed (or wrote in its test transaction),
@@ -216,13 +243,18 @@ class InMemoryBroker:
             ):
                 self._limits.forget([action.start_key])
                 action.announce()  # the "confirm": the copy is stored, ack the original
-                return "retried"
+                return "held" if isinstance(action, PublishHold) else "retried"
         elif isinstance(action, StorePark):
             job = ParkJob(d, action.request, action.start_key, action.log_line)
             if commit([job], self.names, self._limits.forget)[0]:
                 return "parked"
         else:
             assert isinstance(action, Release)
+            if not action.counted:  # a gate's give-back: back after its wait, uncounted
+                self._limits.forget([action.start_key])
+                due = self.model.now_ms + max(1, round(action.wait * 1000))
+                self._given_back.append((due, d.queue, stored))
+                return "given_back"
         self.model.give_back(d.queue, stored)  # the copy or the row did not make it
         return "released"
 
