@@ -3,7 +3,9 @@
 #
 #   scripts/brokers.sh rabbit4 up|down|status|env   RabbitMQ 4.0 (Debian trixie) in a debootstrap
 #                                                   root: node rabbit4@localhost, AMQP 5682
-#   scripts/brokers.sh rabbit4 ctl ARGS...          rabbitmqctl against that node
+#   scripts/brokers.sh rabbit43 up|down|status|env  RabbitMQ 4.3 (Debian sid) the same way:
+#                                                   node rabbit43@localhost, AMQP 5683
+#   scripts/brokers.sh rabbit4|rabbit43 ctl ARGS... rabbitmqctl against that node
 #   scripts/brokers.sh cluster up|down|clean|status  three RabbitMQ 3.10 nodes (the system's
 #                                                   rabbitmq-server) in a cluster of their own:
 #                                                   rabbitc1..3@localhost, AMQP 5701..5703
@@ -11,22 +13,19 @@
 #   scripts/brokers.sh cluster rebalance             spread the quorum queues' leaders over the nodes
 #   scripts/brokers.sh cluster ctl N ARGS...         rabbitmqctl against node N
 #
-# Needs root (or sudo). The trixie root is a cache kept outside the repository
-# (RMQ4_ROOT, default /var/cache/django-rmq-retry/trixie) and built when absent (~1-3 min);
+# Needs root (or sudo). The Debian roots are caches kept outside the repository (RMQ4_ROOT,
+# default /var/cache/django-rmq-retry/trixie; RMQ43_ROOT, default .../sid), each built when
+# absent (~1-3 min, debootstrap installed if missing; DEBIAN_MIRROR picks the mirror);
 # the cluster's data lives in RMQ_CLUSTER_DIR (default /var/lib/django-rmq-retry/cluster).
 # A cluster node gets RMQ_CLUSTER_START_WAIT seconds (default 90) plus 30 to answer, twice.
 source "$(dirname "$0")/_common.sh"
 
-R4_ROOT="${RMQ4_ROOT:-/var/cache/django-rmq-retry/trixie}"
-R4_NODE=rabbit4@localhost
-R4_PORT=5682
-R4_DIST=25682
-R4_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+D_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
 # Erlang's schedulers spin while idle; five nodes on two cores would spin against each other.
 ERL_QUIET_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 # advanced.config for a node whose at-least-once dead-letter worker waits $1 ms (not 180 s)
 # for a confirm lost in a node stop or restart before it publishes again.
@@ -37,20 +36,37 @@ need_root() {
     || die "$1 needs root (or sudo): it mounts /proc, /sys and /dev into a chroot"
 }
 
-# --- RabbitMQ 4.0 in a Debian trixie root -----------------------------------------------
+# --- RabbitMQ 4.x in a Debian root (rabbit4: trixie, rabbit43: sid) ----------------------
+# One set of functions for both: d_select sets which root, suite, node and ports they use.
 
-r4() { as_root chroot "$R4_ROOT" env HOME=/var/lib/rabbitmq "$@"; }
-r4_ctl() { r4 rabbitmqctl -n "$R4_NODE" "$@"; }
-r4_ready() { [ -x "$R4_ROOT/usr/sbin/rabbitmq-server" ]; }
+d_select() {
+  case "$1" in
+    rabbit4)
+      D_NAME=rabbit4 D_LABEL="RabbitMQ 4.0" D_SUITE=trixie
+      D_ROOT="${RMQ4_ROOT:-/var/cache/django-rmq-retry/trixie}"
+      D_NODE=rabbit4@localhost D_PORT=5682 D_DIST=25682
+      D_APT=() ;;
+    rabbit43)
+      D_NAME=rabbit43 D_LABEL="RabbitMQ 4.3" D_SUITE=sid
+      D_ROOT="${RMQ43_ROOT:-/var/cache/django-rmq-retry/sid}"
+      D_NODE=rabbit43@localhost D_PORT=5683 D_DIST=25683
+      # sid's Release file is often past its Valid-Until; apt refuses it without this.
+      D_APT=(-o Acquire::Check-Valid-Until=false) ;;
+  esac
+}
 
-r4_mount() {
+d_run() { as_root chroot "$D_ROOT" env HOME=/var/lib/rabbitmq "$@"; }
+d_ctl() { d_run rabbitmqctl -n "$D_NODE" "$@"; }
+d_ready() { [ -x "$D_ROOT/usr/sbin/rabbitmq-server" ]; }
+
+d_mount() {
   local root="$1"
   mountpoint -q "$root/proc" || as_root mount -t proc proc "$root/proc"
   mountpoint -q "$root/sys" || as_root mount -t sysfs sys "$root/sys"
   mountpoint -q "$root/dev" || as_root mount --bind /dev "$root/dev"
 }
 
-r4_umount() {
+d_umount() {
   local root="$1" m
   for m in dev sys proc; do
     if mountpoint -q "$root/$m"; then
@@ -59,104 +75,107 @@ r4_umount() {
   done
 }
 
-r4_build() {
+d_build() {
   # Built in a scratch directory and renamed at the end, so a half-built root is never taken
   # for the cache.
-  local tmp="$R4_ROOT.building"
+  local tmp="$D_ROOT.building"
   if ! command -v debootstrap >/dev/null; then
     say "installing debootstrap on this machine (apt-get install debootstrap)"
     as_root apt-get update -qq \
       && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null \
       || die "debootstrap is missing and could not be installed: apt-get install debootstrap"
   fi
-  [ -d "$tmp" ] && { r4_umount "$tmp"; as_root rm -rf "$tmp"; }
-  as_root mkdir -p "$(dirname "$R4_ROOT")"
-  say "building a Debian trixie root in $R4_ROOT (debootstrap, about 2 minutes; cached afterwards)"
-  as_root debootstrap --variant=minbase trixie "$tmp" "$R4_MIRROR" >"$tmp.log" 2>&1 \
-    || die "debootstrap trixie failed (it needs $R4_MIRROR); see $tmp.log"
+  [ -d "$tmp" ] && { d_umount "$tmp"; as_root rm -rf "$tmp"; }
+  as_root mkdir -p "$(dirname "$D_ROOT")"
+  say "building a Debian $D_SUITE root in $D_ROOT (debootstrap, about 2 minutes; cached afterwards)"
+  as_root debootstrap --variant=minbase "$D_SUITE" "$tmp" "$D_MIRROR" >"$tmp.log" 2>&1 \
+    || die "debootstrap $D_SUITE failed (it needs $D_MIRROR); see $tmp.log"
+  echo "deb $D_MIRROR $D_SUITE main" | as_root tee "$tmp/etc/apt/sources.list" >/dev/null
   # Package scripts must not start services inside the root; we start the node ourselves.
   printf '#!/bin/sh\nexit 101\n' | as_root tee "$tmp/usr/sbin/policy-rc.d" >/dev/null
   as_root chmod +x "$tmp/usr/sbin/policy-rc.d"
+  # epmd resolves localhost through the root's own /etc/hosts (sid's boot fails with
+  # "epmd error ... nxdomain" without it).
   as_root cp /etc/hosts "$tmp/etc/hosts"
-  r4_mount "$tmp"
-  say "installing rabbitmq-server inside the trixie root"
+  d_mount "$tmp"
+  say "installing rabbitmq-server inside the $D_SUITE root"
   as_root chroot "$tmp" env DEBIAN_FRONTEND=noninteractive bash -c \
-    'apt-get update -qq && apt-get install -y -qq --no-install-recommends rabbitmq-server' \
-    >>"$tmp.log" 2>&1 || { r4_umount "$tmp"; die "apt-get install rabbitmq-server in the trixie root failed; see $tmp.log"; }
-  r4_umount "$tmp"
-  as_root mv "$tmp" "$R4_ROOT"
+    "apt-get ${D_APT[*]} update -qq && apt-get ${D_APT[*]} install -y -qq --no-install-recommends rabbitmq-server" \
+    >>"$tmp.log" 2>&1 || { d_umount "$tmp"; die "apt-get install rabbitmq-server in the $D_SUITE root failed; see $tmp.log"; }
+  d_umount "$tmp"
+  as_root mv "$tmp" "$D_ROOT"
   as_root rm -f "$tmp.log"
 }
 
-r4_answers() { r4_ctl -q ping >/dev/null 2>&1 && port_open 127.0.0.1 "$R4_PORT"; }
+d_answers() { d_ctl -q ping >/dev/null 2>&1 && port_open 127.0.0.1 "$D_PORT"; }
 
-r4_up() {
-  need_root "rabbit4 up"
-  r4_ready || r4_build
-  r4_mount "$R4_ROOT"
+d_up() {
+  need_root "$D_NAME up"
+  d_ready || d_build
+  d_mount "$D_ROOT"
   # As on the cluster's nodes (c_write_config): the at-least-once dead-letter worker of a
   # quorum delay level otherwise waits 180 s for a confirm lost in a restart before it
   # publishes again (fault scenario 2 with quorum queues: 20 pairs missing 60 s after the
   # restart, all there about 3 minutes after it).
   local dlx_ms="${RMQ_DLX_CONFIRM_MS:-10000}"
-  if r4_answers; then
+  if d_answers; then
     # A node started elsewhere, without our config: set it live (read by each queue's
     # dead-letter worker when it starts; every test declares queues of its own).
-    r4_ctl eval "application:set_env(rabbit, dead_letter_worker_publisher_confirm_timeout, $dlx_ms)." >/dev/null
-    say "RabbitMQ 4 already up: $R4_NODE, amqp://guest:guest@127.0.0.1:$R4_PORT/%2F"
+    d_ctl eval "application:set_env(rabbit, dead_letter_worker_publisher_confirm_timeout, $dlx_ms)." >/dev/null
+    say "$D_LABEL already up: $D_NODE, amqp://guest:guest@127.0.0.1:$D_PORT/%2F"
     return 0
   fi
-  say "starting RabbitMQ $(r4_version) as $R4_NODE (AMQP $R4_PORT, distribution $R4_DIST)"
-  dlx_confirm_config "$dlx_ms" | as_root tee "$R4_ROOT/etc/rabbitmq/advanced.config" >/dev/null
-  r4 RABBITMQ_NODENAME="$R4_NODE" RABBITMQ_NODE_PORT="$R4_PORT" RABBITMQ_DIST_PORT="$R4_DIST" \
+  say "starting RabbitMQ $(d_version) as $D_NODE (AMQP $D_PORT, distribution $D_DIST)"
+  dlx_confirm_config "$dlx_ms" | as_root tee "$D_ROOT/etc/rabbitmq/advanced.config" >/dev/null
+  d_run RABBITMQ_NODENAME="$D_NODE" RABBITMQ_NODE_PORT="$D_PORT" RABBITMQ_DIST_PORT="$D_DIST" \
     RABBITMQ_ADVANCED_CONFIG_FILE=/etc/rabbitmq/advanced.config \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$ERL_QUIET_ARGS" rabbitmq-server -detached
   local i
-  for i in $(seq 1 120); do r4_answers && break; sleep 1; done
-  r4_ctl await_startup --timeout 60 >/dev/null 2>&1 || true
-  r4_answers || die "RabbitMQ 4 did not answer within 120 s; log: $R4_ROOT/var/log/rabbitmq/"
-  say "RabbitMQ 4 up after ${i}s: amqp://guest:guest@127.0.0.1:$R4_PORT/%2F"
+  for i in $(seq 1 120); do d_answers && break; sleep 1; done
+  d_ctl await_startup --timeout 60 >/dev/null 2>&1 || true
+  d_answers || die "$D_LABEL did not answer within 120 s; log: $D_ROOT/var/log/rabbitmq/"
+  say "$D_LABEL up after ${i}s: amqp://guest:guest@127.0.0.1:$D_PORT/%2F"
 }
 
-r4_down() {
-  need_root "rabbit4 down"
-  if [ ! -d "$R4_ROOT" ]; then say "no trixie root at $R4_ROOT: nothing to stop"; return 0; fi
-  if r4_ready && mountpoint -q "$R4_ROOT/proc" && r4_ctl -q ping >/dev/null 2>&1; then
-    say "stopping $R4_NODE"
-    r4_ctl stop >/dev/null 2>&1 || true
+d_down() {
+  need_root "$D_NAME down"
+  if [ ! -d "$D_ROOT" ]; then say "no $D_SUITE root at $D_ROOT: nothing to stop"; return 0; fi
+  if d_ready && mountpoint -q "$D_ROOT/proc" && d_ctl -q ping >/dev/null 2>&1; then
+    say "stopping $D_NODE"
+    d_ctl stop >/dev/null 2>&1 || true
   fi
   # A node stopped from outside may leave its epmd running inside the root; it serves the
   # system node too, so it stays (it does not hold the mounts).
-  r4_umount "$R4_ROOT"
-  say "RabbitMQ 4 down; the trixie root stays cached in $R4_ROOT"
+  d_umount "$D_ROOT"
+  say "$D_LABEL down; the $D_SUITE root stays cached in $D_ROOT"
 }
 
-r4_version() {
-  r4 dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo "?"
+d_version() {
+  d_run dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo "?"
 }
 
-r4_status() {
-  if ! r4_ready; then
-    echo "rabbit4: no trixie root at $R4_ROOT ('scripts/brokers.sh rabbit4 up' builds it; needs root and debootstrap)"
+d_status() {
+  if ! d_ready; then
+    echo "$D_NAME: no $D_SUITE root at $D_ROOT ('scripts/brokers.sh $D_NAME up' builds it; needs root and debootstrap)"
     return 1
   fi
-  echo "rabbit4: root $R4_ROOT, rabbitmq-server $(r4_version)"
-  if mountpoint -q "$R4_ROOT/proc" && r4_answers; then
-    echo "rabbit4: $R4_NODE answers on amqp://guest:guest@127.0.0.1:$R4_PORT/%2F"
+  echo "$D_NAME: root $D_ROOT, rabbitmq-server $(d_version)"
+  if mountpoint -q "$D_ROOT/proc" && d_answers; then
+    echo "$D_NAME: $D_NODE answers on amqp://guest:guest@127.0.0.1:$D_PORT/%2F"
   else
-    echo "rabbit4: not running"
+    echo "$D_NAME: not running"
     return 1
   fi
 }
 
-# What a test run needs to talk to the 4.0 node: the URL, the rabbitmqctl command prefix and
+# What a test run needs to talk to the node: the URL, the rabbitmqctl command prefix and
 # the node's log (tests that read what the broker logged).
-r4_env() {
-  echo "export RMQ_URL='amqp://guest:guest@127.0.0.1:$R4_PORT/%2F'"
+d_env() {
+  echo "export RMQ_URL='amqp://guest:guest@127.0.0.1:$D_PORT/%2F'"
   local sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo "
-  echo "export RMQ_CTL='${sudo}chroot $R4_ROOT env HOME=/var/lib/rabbitmq rabbitmqctl -n $R4_NODE'"
-  echo "export RMQ_LOG='$R4_ROOT/var/log/rabbitmq/$R4_NODE.log'"
+  echo "export RMQ_CTL='${sudo}chroot $D_ROOT env HOME=/var/lib/rabbitmq rabbitmqctl -n $D_NODE'"
+  echo "export RMQ_LOG='$D_ROOT/var/log/rabbitmq/$D_NODE.log'"
 }
 
 
@@ -300,11 +319,11 @@ c_status() {
 c_node_arg() { case "${1:-}" in 1|2|3) ;; *) die "node number 1, 2 or 3 expected, got '${1:-}'" ;; esac; }
 
 case "${1:-} ${2:-}" in
-  "rabbit4 up") r4_up ;;
-  "rabbit4 down") r4_down ;;
-  "rabbit4 status") r4_status ;;
-  "rabbit4 env") r4_env ;;
-  "rabbit4 ctl") shift 2; need_root "rabbit4 ctl"; r4_ctl "$@" ;;
+  "rabbit4 up"|"rabbit43 up") d_select "$1"; d_up ;;
+  "rabbit4 down"|"rabbit43 down") d_select "$1"; d_down ;;
+  "rabbit4 status"|"rabbit43 status") d_select "$1"; d_status ;;
+  "rabbit4 env"|"rabbit43 env") d_select "$1"; d_env ;;
+  "rabbit4 ctl"|"rabbit43 ctl") d_select "$1"; shift 2; need_root "$D_NAME ctl"; d_ctl "$@" ;;
   "cluster up") c_up ;;
   "cluster down") c_down ;;
   "cluster clean") c_clean ;;
