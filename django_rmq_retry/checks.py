@@ -9,6 +9,7 @@ permissions each kind of process needs.
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from collections.abc import Mapping
@@ -86,6 +87,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_observability(),
         *_channels_module(),
         *_alerts(),
+        *_ordering(),
         *_dependencies(),
     ]
 
@@ -298,6 +300,55 @@ def _dependencies() -> Messages:
                     f"{SETTING_NAME}['DEPENDENCIES'] does not define.",
                     f"Define it in {SETTING_NAME}['DEPENDENCIES'] (known: "
                     f"{', '.join(sorted(limits)) or 'none'}), or fix the name.",
+                )
+            )
+    return out
+
+
+def _ordering() -> Messages:
+    """Per-key order: its two settings, and no ordered receiver where two of one
+    partition's messages could run at once (they would finish in either order)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import ordering_partitions
+    from .core.ordering import ON_PARK_CHOICES
+    from .registry import default_registry
+
+    out: Messages = []
+    try:
+        ordering_partitions()
+    except ImproperlyConfigured as exc:
+        out.append(_err(30, str(exc), "The default is 4; see docs/howto/ordering.md."))
+    on_park = app_settings.ORDERING_ON_PARK
+    if on_park not in ON_PARK_CHOICES:
+        out.append(
+            _err(
+                30,
+                f"{SETTING_NAME}['ORDERING_ON_PARK'] must be 'hold' or 'skip', got {on_park!r}.",
+                "'hold' (the default) keeps a parked message's key held until an operator "
+                "requeues or discards it; 'skip' lets the messages behind it go on.",
+            )
+        )
+    ordered = [r for r in default_registry.all() if r.ordering_key is not None]
+    threads = app_settings.THREADS
+    if ordered and isinstance(threads, int) and threads > 1:
+        out.append(
+            _err(
+                31,
+                f"{SETTING_NAME}['THREADS'] is {threads}, and {ordered[0].name} has an "
+                "ordering_key: two threads would run two messages of one key at once.",
+                "Set THREADS to 1 and scale with consumer processes (`rmq_consume "
+                "--processes N`): each partition queue has one active consumer at a time.",
+            )
+        )
+    for rec in ordered:
+        if inspect.iscoroutinefunction(rec.func):
+            out.append(
+                _err(
+                    31,
+                    f"Receiver {rec.name} is an async def with an ordering_key: the event "
+                    "loop awaits several messages at once, so one key's could overlap.",
+                    "Make it a plain def (it runs on the single receiver thread).",
                 )
             )
     return out

@@ -159,6 +159,14 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_DIR": None,
     # Seconds without a turn of the I/O loop after which liveness fails.
     "LIVENESS_TIMEOUT": 60,
+    # Per-key order (docs/howto/ordering.md): an ordered receiver (ordering_key=) reads this
+    # many partition queues, each with one active consumer at a time. Publishers and
+    # consumers must agree on it; change it only with the partition queues drained.
+    "ORDERING_PARTITIONS": 4,
+    # What a parked message of an ordered receiver does to the messages of its key behind
+    # it: "hold" keeps them (status held) until an operator requeues or discards it,
+    # "skip" lets them go on.
+    "ORDERING_ON_PARK": "hold",
     # Breakers per dependency (docs/howto/dependencies.md): {"payments": {"EXCEPTIONS":
     # [dotted paths], "TRIP_FAILURES": 5, "TRIP_WINDOW": 30, "PROBE_AFTER": 10,
     # "PROBE_BACKOFF_MAX": 300, "REPLAY_PARKED": True}}; receivers name them in depends_on=.
@@ -234,7 +242,24 @@ def current_levels() -> DelayLevels:
 
 def current_plan(receivers: Iterable[QueueOwner], names: Names | None = None) -> Plan:
     """The topology for ``receivers`` under the current settings (``names`` overrides the prefix)."""
-    return plan(receivers, names or current_names(), current_levels(), str(app_settings.QUEUE_TYPE))
+    return plan(
+        receivers,
+        names or current_names(),
+        current_levels(),
+        str(app_settings.QUEUE_TYPE),
+        ordering_partitions(),
+    )
+
+
+def ordering_partitions() -> int:
+    """``ORDERING_PARTITIONS``, checked: the partition queues of every ordered receiver."""
+    value = app_settings.ORDERING_PARTITIONS
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise ImproperlyConfigured(
+            f"{SETTING_NAME}['ORDERING_PARTITIONS'] must be an integer from 1 to 1024 (the "
+            f"partition queues of each ordered receiver), got {value!r}."
+        )
+    return value
 
 
 def dependency_limits() -> dict[str, Limits]:

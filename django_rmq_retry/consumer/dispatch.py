@@ -21,13 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 
 from .. import broker
 from .. import hooks as _hooks
-from ..conf import app_settings, current_levels, current_names
+from ..conf import app_settings, current_levels, current_names, ordering_partitions
 from ..core.budget import channel_lost
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
+from ..core.topology_plan import receiver_queues
 from ..registry import Receiver
 from . import aio
 from .acks import AckBook
@@ -151,7 +153,16 @@ class Dispatcher(Settler):
         #: (``SPARE_PREFETCH``): by default PREFETCH bounds what a queue's window holds.
         self._spares = SpareWindows(self.prefetch, int(app_settings.SPARE_PREFETCH))
         self._winding_down = False
-        self._by_queue = {r.queue_name(self.names.prefix): r for r in self.receivers}
+        partitions = ordering_partitions()  # an ordered receiver reads its partition queues
+        self._by_queue = {
+            q: r for r in self.receivers for q in receiver_queues(r, self.names.prefix, partitions)
+        }
+        ordered = [r.name for r in self.receivers if r.ordering_key is not None]
+        if ordered and self.threads > 1:  # the system check E031 says it before a start
+            raise ImproperlyConfigured(
+                f"{ordered[0]} keeps per-key order (ordering_key=): run it with one receiver "
+                f"thread, not {self.threads}, and scale with consumer processes."
+            )
         self._housekeeping_stop = threading.Event()
         #: The outbox relay and the inbox purge (``None``: ``relay=False``).
         self._housekeeper = Housekeeper(self._housekeeping_stop) if relay else None

@@ -52,6 +52,22 @@ class Names:
     def delay_queue(self, level: int) -> str:
         return f"{self.prefix}.delay.{level:02d}"
 
+    # Per-key order (``core.ordering``) ----------------------------------------------------
+    @staticmethod
+    def partition_queue(queue: str, partition: int) -> str:
+        """Partition ``partition`` of an ordered receiver whose queue would be ``queue``."""
+        return f"{queue}.p{partition:02d}"
+
+    @staticmethod
+    def partition_exchange(queue: str) -> str:
+        """Headers exchange that sends an ordered receiver's messages to their partition."""
+        return f"{queue}.partitions"
+
+    def partition_header(self, queue: str) -> str:
+        """The header a publisher sets to the partition of the ordered receiver of ``queue``
+        (one per ordered receiver: two of them may order one topic by different keys)."""
+        return f"{self.prefix}-partition:{queue}"
+
     # Headers (no ``x-``: RabbitMQ 4.x treats client ``x-`` headers specially) ----------
     def header(self, name: str) -> str:
         try:
@@ -91,6 +107,10 @@ OUR_HEADERS: dict[str, str] = {
     "original-routing-key": "The routing key it was first published with.",
     "original-expiration": "The sender's expiration property, kept aside: a TTL would cut a delay short.",
     "original-user-id": "The sender's user_id property, kept aside: the broker checks it against the login.",
+    "partition:<queue>": (
+        "For an ordered receiver (its queue named after the colon): the partition of the "
+        "message's ordering key, set by the publisher."
+    ),
     "target": "The receiver queue a retry or requeue copy is addressed to (deliver exchange).",
     "due": "When a retry is due: epoch milliseconds, rounded up.",
     "due-us": "When a retry is due: epoch microseconds (the landing waits for it).",

@@ -8,6 +8,16 @@ The shape (prefix ``p``, N delay levels)::
     p.deliver (headers, match on p-target = queue name) ─► exactly one receiver queue
               └─ alternate exchange p.orphans (fanout) ─► queue p.orphans (parked by consumers)
 
+An ordered receiver (``ordering_key=``) reads N partition queues instead of one, each with a
+single active consumer::
+
+    p.work ──routing key──► exchange p.<receiver>.partitions (headers)
+        ── p-partition:p.<receiver> = "k" ──► queue p.<receiver>.pKK   (k = 0 .. N-1)
+
+The publisher sets that header to the partition of the message's key (``core.ordering``);
+retries and requeues reach a partition queue through ``p.deliver`` by its own name, as they
+reach any receiver queue.
+
 With quorum queues, the receiver queues and ``p.orphans`` also carry an explicit delivery
 limit and dead-letter into ``p.dead`` (fanout) ─► queue ``p.dead`` (parked by consumers), so
 the broker's limit ends in a parked row instead of a drop (see :data:`QUORUM_DELIVERY_LIMIT`).
@@ -99,8 +109,25 @@ def _queue_args(queue_type: str, dead_exchange: str | None = None) -> dict[str, 
     }
 
 
+def is_ordered(rec: QueueOwner) -> bool:
+    """Whether ``rec`` keeps per-key order (it was declared with ``ordering_key=``)."""
+    return getattr(rec, "ordering_key", None) is not None
+
+
+def receiver_queues(rec: QueueOwner, prefix: str, partitions: int) -> list[str]:
+    """The queues ``rec`` is consumed from: its queue, or its partition queues if ordered."""
+    queue = rec.queue_name(prefix)
+    if not is_ordered(rec):
+        return [queue]
+    return [Names.partition_queue(queue, k) for k in range(partitions)]
+
+
 def plan(
-    receivers: Iterable[QueueOwner], names: Names, levels: DelayLevels, queue_type: str
+    receivers: Iterable[QueueOwner],
+    names: Names,
+    levels: DelayLevels,
+    queue_type: str,
+    partitions: int = 4,
 ) -> Plan:
     exchanges: list[tuple[str, str, dict[str, Any]]] = [
         (names.work_exchange, "topic", {}),
@@ -150,6 +177,13 @@ def plan(
         ex_bindings.append((next_hop, names.delay_exchange(k), levels.binding_key(k, "0")))
     for rec in receivers:
         qname = rec.queue_name(names.prefix)
+        if is_ordered(rec):
+            _partitioned(rec, qname, names, queue_type, dead, partitions, exchanges, queues)
+            ex_bindings.extend(
+                (names.partition_exchange(qname), names.work_exchange, rk)
+                for rk in rec.routing_keys
+            )
+            continue
         bindings = [Binding(names.work_exchange, rk) for rk in rec.routing_keys]
         bindings.append(
             Binding(names.deliver_exchange, "", {"x-match": "all", names.target_header: qname})
@@ -161,6 +195,34 @@ def plan(
             args["x-max-priority"] = max_priority
         queues.append(QueueSpec(qname, args, bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)
+
+
+def _partitioned(
+    rec: QueueOwner,
+    qname: str,
+    names: Names,
+    queue_type: str,
+    dead: str | None,
+    partitions: int,
+    exchanges: list[tuple[str, str, dict[str, Any]]],
+    queues: list[QueueSpec],
+) -> None:
+    """An ordered receiver's partition exchange and queues (module doc). Header values are
+    strings: a headers exchange compares a value's type as well as its value."""
+    exchange = names.partition_exchange(qname)
+    header = names.partition_header(qname)
+    exchanges.append((exchange, "headers", {}))
+    for k in range(partitions):
+        pname = names.partition_queue(qname, k)
+        args = _queue_args(queue_type, dead)
+        # One consumer at a time reads a partition (the others wait as standbys): its keys
+        # are seen in queue order whatever the number of consumer processes.
+        args["x-single-active-consumer"] = True
+        bindings = [
+            Binding(exchange, "", {"x-match": "all", header: str(k)}),
+            Binding(names.deliver_exchange, "", {"x-match": "all", names.target_header: pname}),
+        ]
+        queues.append(QueueSpec(pname, args, bindings, receiver=rec.name))
 
 
 @dataclass(frozen=True)

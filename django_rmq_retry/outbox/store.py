@@ -23,6 +23,7 @@ from ..conf import app_settings, current_names
 from ..core.envelope import build_properties
 from ..core.json_columns import json_safe_headers
 from ..models import OutboxMessage
+from ..publishing.partitions import partitioner
 from ..publishing.publisher import PublishResult, encode_body
 from .relay import publish_pending, relay_wakeup, rows_written
 
@@ -70,9 +71,12 @@ def enqueue_many(
     serialisable (or a header AMQP cannot carry) writes nothing and raises here."""
     names = current_names()
     messages = []
+    partition = partitioner(routing_key, names.work_exchange, names)
     for body in bodies:
         data, ctype = encode_body(body, content_type)
         props = build_properties(ctype, headers, properties, names)
+        if partition is not None:  # per-key order: the partition header, before the row
+            partition(data, props)
         messages.append((data, props, _wire(props)))
     if not messages:
         return []

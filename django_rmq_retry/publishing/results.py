@@ -20,6 +20,7 @@ from ..core import bodies
 from ..core.envelope import build_properties
 from ..core.errors import PublishError
 from ..registry import app_missing_hint, default_registry
+from .partitions import partitioner
 
 _E = TypeVar("_E", bound=PublishError)
 
@@ -80,9 +81,12 @@ def outgoing(
     names = current_names()
     exchange = exchange if exchange is not None else names.work_exchange
     items = []
+    partition = partitioner(routing_key, exchange, names)
     for body in bodies:
         data, ctype = encode_body(body, content_type)
         props = build_properties(ctype, headers, properties, names)
+        if partition is not None:
+            partition(data, props)
         items.append(broker.Outgoing(exchange, routing_key, data, props))
     return items
 

@@ -19,8 +19,12 @@ from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
 from ..core.backoff import Policy
+from ..core.message import Message
+from ..core.ordering import OrderingKeyError, check_key, key_from_body
 
 ReceiverFunc = Callable[..., Any]
+#: ``ordering_key=``: a body field (``"account_id"``, ``"a.b"``) or ``callable(message) -> str``.
+OrderingKey = str | Callable[[Message], Any]
 _ROUTING_KEY = re.compile(r"^[^\s#*]{1,255}$")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 
@@ -65,6 +69,9 @@ class Receiver:
     #: RabbitMQ priorities of the queue (``x-max-priority``; 0: none). Tasks use it; the
     #: argument is declared on classic queues only (``core.topology_plan``).
     max_priority: int = 0
+    #: Per-key order (``core.ordering``): the body field or callable giving each message's
+    #: key. ``None``: unordered (one queue, messages run as they come).
+    ordering_key: OrderingKey | None = None
     #: The dependencies it calls (``RMQ_RETRY["DEPENDENCIES"]`` names): while one's breaker
     #: is open this receiver's queue is not consumed.
     depends_on: tuple[str, ...] = ()
@@ -78,6 +85,23 @@ class Receiver:
 
     def topic_for(self, routing_key: str) -> TopicKey | None:
         return next((t for t in self.topics if t.routing_key == routing_key), None)
+
+    def key_of(self, message: Message) -> str:
+        """The ordering key of ``message`` (an ordered receiver's); ``OrderingKeyError``
+        says why there is none. The publisher and the consumer both call this on the body
+        decoded from the same bytes, so both find the same key."""
+        spec = self.ordering_key
+        if spec is None:
+            raise OrderingKeyError(f"receiver {self.name} has no ordering_key")
+        if isinstance(spec, str):
+            return key_from_body(message.body, spec)
+        try:
+            value = spec(message)
+        except Exception as exc:  # the user's callable: a bad message, said readably
+            raise OrderingKeyError(
+                f"the ordering_key callable of {self.name} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return check_key(value, f"ordering_key of {self.name}")
 
 
 def dotted_path(func: ReceiverFunc) -> str:
@@ -124,6 +148,7 @@ class Registry:
         topics: Iterable[TopicKey],
         *,
         queue: str | None = None,
+        ordering_key: OrderingKey | None = None,
         retry: Policy | Mapping[str, Any] | None = None,
         idempotent: bool = False,
         depends_on: str | Iterable[str] = (),
@@ -147,6 +172,7 @@ class Registry:
                 "sync_to_async(transaction.atomic(...)) function of its own."
             )
         policy = _policy(retry, name)
+        _check_ordering_key(ordering_key, name)
         with self._lock:
             existing = self._by_name.get(name)
             if existing is not None:
@@ -160,6 +186,8 @@ class Registry:
                 for t in topics:
                     if t not in existing.topics:
                         existing.topics.append(t)
+                if ordering_key is not None:
+                    existing.ordering_key = ordering_key
                 existing.policy = policy or existing.policy
                 existing.idempotent = existing.idempotent or idempotent
                 existing.depends_on = tuple(dict.fromkeys((*existing.depends_on, *needs)))
@@ -177,6 +205,7 @@ class Registry:
                 queue_suffix=suffix,
                 topics=topics,
                 policy=policy,
+                ordering_key=ordering_key,
                 idempotent=idempotent,
                 depends_on=needs,
             )
@@ -282,6 +311,16 @@ def _dependency_names(depends_on: str | Iterable[str], name: str) -> tuple[str, 
     return tuple(dict.fromkeys(needs))
 
 
+def _check_ordering_key(ordering_key: Any, name: str) -> None:
+    if ordering_key is None or callable(ordering_key):
+        return
+    if not isinstance(ordering_key, str) or not ordering_key.strip(".") or ".." in ordering_key:
+        raise ImproperlyConfigured(
+            f"Receiver {name}: ordering_key= must be a body field name (e.g. 'account_id') "
+            f"or a callable(message) returning the key, got {ordering_key!r}."
+        )
+
+
 def _unwrap(func: Any) -> Any:
     return inspect.unwrap(func) if callable(func) else func
 
@@ -293,12 +332,16 @@ def receiver(
     topic: TopicKey | Iterable[TopicKey],
     *,
     queue: str | None = None,
+    ordering_key: OrderingKey | None = None,
     retry: Policy | Mapping[str, Any] | None = None,
     idempotent: bool = False,
     depends_on: str | Iterable[str] = (),
     registry: Registry | None = None,
 ) -> Callable[[ReceiverFunc], ReceiverFunc]:
     """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``.
+
+    ``ordering_key="account_id"`` (a body field, or ``callable(message) -> str``): messages
+    of one key run in publish order, a retry holding its key only (docs/howto/ordering.md).
 
     ``idempotent=True``: the receiver's database effects happen once per message even when
     it is delivered twice (docs/howto/outbox.md). ``depends_on="payments"`` (or a list):
@@ -312,6 +355,7 @@ def receiver(
             func,
             topics,
             queue=queue,
+            ordering_key=ordering_key,
             retry=retry,
             idempotent=idempotent,
             depends_on=depends_on,
