@@ -39,6 +39,11 @@ quorum queue every give-back counts in the broker's ``x-delivery-count``: a mess
 back past ``QUORUM_DELIVERY_LIMIT`` is dead-lettered and parked (*delivery_limit*), not
 lost; a gate that must wait longer holds (``Hold``) instead, which the broker never counts.
 
+**After the receiver.** A gate may also have ``after(delivery, receiver, error)``, asked
+once the receiver ran (``error``: what it raised, or ``None``): a ``GiveBack`` there
+replaces the ack, retry or park that would follow (the dependency breaker gives back a
+failure that trips it, counting no attempt); ``None`` lets them be.
+
 **Registering a gate** is one line in :data:`GATES` (a dotted path to a factory taking the
 :class:`GateContext`, e.g. a class); the order of the list is the order they run in.
 """
@@ -68,6 +73,7 @@ logger = logging.getLogger("django_rmq_retry.consumer")
 #: Validation comes first (an invalid body is parked before anything counts it).
 GATES: list[str] = [
     "django_rmq_retry.consumer.schema_gate.SchemaGate",
+    "django_rmq_retry.consumer.dependency_gate.DependencyGate",
 ]
 
 
@@ -135,6 +141,17 @@ class Pipeline:
                 continue
             return said
         return arrival
+
+    def after(self, d: Delivery, rec: Receiver, error: BaseException | None) -> GiveBack | None:
+        """After the receiver ran: a gate with an ``after(delivery, receiver, error)`` method
+        (the breaker counts a failure there) may give the delivery back instead of the
+        retry, park or ack that would follow; the first that says so wins."""
+        for gate in self.gates:
+            look = getattr(gate, "after", None)
+            said = look(d, rec, error) if look is not None else None
+            if said is not None:
+                return said
+        return None
 
     def action(
         self,

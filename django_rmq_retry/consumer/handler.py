@@ -198,6 +198,10 @@ class Handler:
         # a give-back between here and the ack (a refused retry copy, a lost channel) counts.
         action: Action
         start_key = step.start_key
+        back = self.gates.after(step.delivery, step.receiver, error)
+        if back is not None:  # e.g. a dependency's breaker that is open: nothing counted
+            d, rec = step.delivery, step.receiver
+            return self.gates.action(back, d, rec, step.env, start_key, self.parks.park)
         if error is not None:
             took_ms = (time.perf_counter() - step.started) * 1000 if step.started else 0.0
             action = self._after_failure(

@@ -47,6 +47,7 @@ from ..publishing.per_thread import install
 from ..publishing.publisher import Publisher
 from ..registry import Receiver, default_registry
 from ..registry.policies import policy_cache
+from .breakers import MemoryBreakers
 from .model import MemoryBroker, Stored
 
 #: Deliveries one :meth:`InMemoryBroker.run_until_idle` makes at most before it gives up.
@@ -108,6 +109,8 @@ class InMemoryBroker:
             r.queue_name(self.names.prefix): r for r in self.receivers
         }
         self._by_queue[self.names.orphan_queue] = None
+        #: Dependency breakers: a queue whose breaker is open is not consumed (``breakers``).
+        self.breakers = MemoryBreakers(self.receivers)
         self.runs: list[ReceiverRun] = []
         #: Gates' give-backs waiting out their wait: (virtual due ms, queue, message).
         self._given_back: list[tuple[int, str, Stored]] = []
@@ -164,6 +167,9 @@ class InMemoryBroker:
             if self._given_back:
                 back = min(at for at, _q, _m in self._given_back)
                 due = back if due is None else min(due, back)
+            probe = self.breakers.next_probe_ms() if self._waiting_for_breaker() else None
+            if probe is not None:
+                due = probe if due is None else min(due, probe)
             if due is None:
                 return self.runs[first:]
             self.model.advance_to(due)
@@ -185,7 +191,12 @@ class InMemoryBroker:
         while True:
             self._relay_outbox()
             self._return_given_back()
-            ready = [q for q in self._by_queue if self.model.has_ready(q)]
+            self.breakers.tick(self.now)
+            ready = [
+                q
+                for q, receiver in self._by_queue.items()
+                if self.model.has_ready(q) and self.breakers.consumed(receiver)
+            ]
             if not ready:
                 return
             for queue in ready:
@@ -200,6 +211,13 @@ class InMemoryBroker:
                 if stored is not None:
                     self._deliver(queue, self._by_queue[queue], stored)
                     delivered += 1
+
+    def _waiting_for_breaker(self) -> bool:
+        """Whether messages wait in a queue not consumed while its breaker is open."""
+        return any(
+            self.model.has_ready(q) and not self.breakers.consumed(r)
+            for q, r in self._by_queue.items()
+        )
 
     def _return_given_back(self) -> None:
         """Gates' give-backs whose wait is over go back to the head of their queue."""

@@ -1,0 +1,102 @@
+"""A dependency's breaker in the in-memory broker, on its virtual clock: a 45 s outage
+trips it, the queue waits, one probe per wait (doubling), and the probe that succeeds
+closes it; nothing parked, nothing lost, the independent receiver never waits."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_rmq_retry import Topic, receiver
+from django_rmq_retry.breakers import state
+from django_rmq_retry.core.breaker import State
+from django_rmq_retry.models import DependencyEvent, ParkedMessage
+from django_rmq_retry.testing import InMemoryBroker
+
+charged = Topic("breaker.memory.charge")
+mailed = Topic("breaker.memory.mail")
+DOWN_FOR = 45.0
+
+
+@pytest.fixture
+def payments(settings):
+    settings.RMQ_RETRY = {
+        **settings.RMQ_RETRY,
+        "DEPENDENCIES": {
+            "payments": {
+                "EXCEPTIONS": ["builtins.ConnectionError"],
+                "TRIP_FAILURES": 3,
+                "TRIP_WINDOW": 30,
+                "PROBE_AFTER": 10,
+                "PROBE_BACKOFF_MAX": 40,
+            }
+        },
+        "ALERT_HANDLER": None,
+    }
+
+
+@pytest.mark.django_db
+def test_an_outage_trips_waits_probes_and_closes(payments, registry_snapshot):
+    calls: list[float] = []
+    broker: InMemoryBroker
+
+    @receiver(charged, depends_on="payments", retry={"max_attempts": 3, "initial_delay": 1})
+    def charge(message, **kwargs):
+        calls.append(broker.elapsed)
+        if broker.elapsed < DOWN_FOR:
+            raise ConnectionError("payments is down")
+
+    @receiver(mailed)
+    def mail(message, **kwargs):
+        return None
+
+    with InMemoryBroker() as broker:
+        for i in range(20):
+            charged.send({"order": i})
+        for i in range(5):
+            mailed.send({"order": i})
+        runs = broker.run_until_idle()
+
+    assert ParkedMessage.objects.count() == 0  # the outage parked nothing
+    charge_runs = broker.runs_of(charge)
+    handled = [r for r in charge_runs if r.outcome == "handled"]
+    assert len(handled) == 20  # all handled after recovery, none lost
+    assert {r.outcome for r in broker.runs_of(mail)} == {"handled"}  # never given back
+    # Before the trip: 3 failures (the last one given back, the two before retried). Then
+    # one probe per wait: at 10 s (fails, wait 20), at 30 s (fails, wait 40), at 70 s
+    # (succeeds): the receiver ran 3 times while the breaker was not closed.
+    failed = [t for t in calls if t < DOWN_FOR]
+    assert len(failed) == 5
+    probes = failed[3:]
+    assert probes[0] >= 10 and probes[1] >= probes[0] + 20
+    assert min(t for t in calls if t >= DOWN_FOR) >= probes[1] + 40
+    outcomes = [r.outcome for r in charge_runs]
+    assert outcomes.count("retried") == 2 and "parked" not in outcomes
+    b = state.read("payments")
+    assert b.state is State.CLOSED and b.trips == 1
+    history = list(
+        DependencyEvent.objects.order_by("at", "id").values_list("from_state", "to_state")
+    )
+    assert history == [
+        ("closed", "open"),
+        ("open", "half_open"),
+        ("half_open", "open"),
+        ("open", "half_open"),
+        ("half_open", "open"),
+        ("open", "half_open"),
+        ("half_open", "closed"),
+    ]
+    assert len(runs) == len(broker.runs)
+
+
+@pytest.mark.django_db
+def test_a_failure_that_is_not_listed_follows_the_retry_policy(payments, registry_snapshot):
+    @receiver(charged, depends_on="payments", retry={"max_attempts": 2, "initial_delay": 1})
+    def charge(message, **kwargs):
+        raise ValueError("a bug, not an outage")
+
+    with InMemoryBroker() as broker:
+        for i in range(5):
+            charged.send({"order": i})
+        broker.run_until_idle()
+    assert ParkedMessage.objects.count() == 5
+    assert state.read("payments").state is State.CLOSED
