@@ -83,7 +83,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_reserved_prefix(),
         *_level_ttls(),
         *_landing(),
-        *_declare_on_send(),
+        *_switches(),
         *_observability(),
         *_channels_module(),
         *_alerts(),
@@ -161,17 +161,24 @@ def check_permissions(app_configs: Any = None, **kwargs: Any) -> Messages:
     ]
 
 
-def _declare_on_send() -> Messages:
-    value = app_settings.DECLARE_ON_SEND
-    if isinstance(value, bool):
-        return []
+#: The settings that are True or False, with what their default (False) means.
+SWITCHES = {
+    "DECLARE_ON_SEND": "publishers need write permission only; the topology is declared by "
+    "rmq_setup or rmq_consume.",
+    "ASYNC_ON_IO_LOOP": "async def receivers run on an event loop of their own, beside the "
+    "consumer's I/O loop.",
+}
+
+
+def _switches() -> Messages:
     return [
         _err(
             15,
-            f"{SETTING_NAME}['DECLARE_ON_SEND'] must be True or False, got {value!r}.",
-            "False (the default): publishers need write permission only; the topology is "
-            "declared by rmq_setup or rmq_consume.",
+            f"{SETTING_NAME}[{key!r}] must be True or False, got {value!r}.",
+            f"False (the default): {meaning}",
         )
+        for key, meaning in SWITCHES.items()
+        if not isinstance(value := getattr(app_settings, key), bool)
     ]
 
 

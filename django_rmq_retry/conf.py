@@ -46,6 +46,12 @@ DEFAULTS: dict[str, Any] = {
     "THREADS": 1,
     # async def receivers awaited at once per consumer process (on its event loop).
     "ASYNC_CONCURRENCY": 100,
+    # Where async def receivers are awaited. False (default): on an event loop of their own
+    # beside the consumer's I/O loop, so one that blocks (time.sleep in async def) never
+    # holds the broker I/O. True: on the consumer's I/O loop itself, each outcome settled
+    # without a thread switch (the fastest for many concurrent awaits); a receiver that
+    # blocks then holds heartbeats and acks too (named in a WARNING, failing liveness).
+    "ASYNC_ON_IO_LOOP": False,
     # AMQP heartbeat in seconds. 0 (disabled) is refused: dead peers would go unnoticed.
     "HEARTBEAT": 60,
     # Seconds a connection blocked by the broker (memory/disk alarm) waits before failing.

@@ -61,9 +61,10 @@ def test_the_permission_regexes_cover_every_name_we_declare_and_no_other():
     assert re.match(consumer.read, "shop.v2.delay.03")
 
 
-def test_declare_on_send_must_be_a_bool():
-    assert "django_rmq_retry.E015" in _ids(_checks({"DECLARE_ON_SEND": "false"}))
-    assert "django_rmq_retry.E015" not in _ids(_checks({"DECLARE_ON_SEND": True}))
+@pytest.mark.parametrize("key", ["DECLARE_ON_SEND", "ASYNC_ON_IO_LOOP"])
+def test_switches_must_be_bools(key):
+    assert "django_rmq_retry.E015" in _ids(_checks({key: "false"}))
+    assert "django_rmq_retry.E015" not in _ids(_checks({key: True}))
 
 
 def _checks(conf):

@@ -1,185 +1,59 @@
-"""``async def`` receivers: one event loop per consumer process, beside the receiver threads.
+"""``async def`` receivers: awaited on an event loop, beside the receiver threads.
 
-A coroutine receiver is awaited on the consumer's own event loop (a daemon thread), at most
-``ASYNC_CONCURRENCY`` at once per process; a thousand receivers waiting on HTTP calls cost
-a thousand coroutines, not a thousand threads. Everything around the receiver that touches
-the database stays synchronous, as it is for a plain receiver: what ``Handler.prepare``
-does (the delivery limit's row, the retry policy row) and what ``Handler.conclude`` decides
-(retry or park) each run as one unit through ``sync_to_async`` on a few database threads of
-our own, with stale connections closed around the unit (Django's transactions do not work
-in async code; the parked row itself is written by the parking thread, as always).
+A coroutine receiver is awaited on an event loop, at most ``ASYNC_CONCURRENCY`` at once per
+process; a thousand receivers waiting on HTTP calls cost a thousand coroutines, not a
+thousand threads. Which loop is the project's choice (``ASYNC_ON_IO_LOOP``): by default a
+loop of their own on a daemon thread, so a receiver that blocks it never holds the broker
+I/O; or the consumer's own I/O loop (``engine``), where a finished attempt is settled
+without a thread switch: no hand-off to another thread, no wake-up of the I/O thread.
 
-The receiver's own database calls (``sync_to_async``, the async ORM) run on asgiref's
-thread for thread-sensitive code, on its connection. Each attempt is a request there, as for
-a plain receiver in its thread: that connection is closed when broken or past
-``CONN_MAX_AGE`` after every attempt, and before one after an idle second
-(:class:`ConnectionHygiene`). So a receiver recovers when the database drops its
-connections (a failover, a restart, an idle timeout) instead of failing for ever on a dead one.
+Everything around the receiver that touches the database stays synchronous, as for a plain
+receiver, and never runs on the loop (``aio_db``): ``Handler.prepare`` and
+``Handler.conclude`` each run as one unit on a few database threads of our own, with stale
+connections closed around the unit, and the connection the receiver's own
+``sync_to_async`` calls use is checked after each attempt as after a request.
 
-Acks are the loop's as for every receiver: the job is handed back (``done``) with its
-action, and the consumer's loop acks only after the retry copy is confirmed or the
-parked row committed. A warm shutdown cancels jobs no coroutine has started (their
-deliveries go back to the queue untouched) and lets started ones finish, as the threads do;
-out of time, it abandons them (:meth:`AsyncPool.abandon_running`): each is cancelled where
-it awaits, and never completes after its delivery went back.
-``async def`` receivers cannot be ``idempotent=True`` (the registry refuses it).
+Acks are the consumer's loop's as for every receiver: the job is handed back (``done``) with
+its action, and the loop acks only after the retry copy is confirmed or the parked row
+committed. A warm shutdown cancels jobs no coroutine has started (their deliveries go back
+to the queue untouched) and lets started ones finish, as the threads do; out of time, it
+abandons them (:meth:`AsyncPool.abandon_running`): each is cancelled where it awaits, and
+never completes after its delivery went back. A receiver that blocks the loop it runs on is
+named while it does (``watchdog``). ``async def`` receivers cannot be ``idempotent=True``
+(the registry refuses it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from queue import SimpleQueue
 from typing import Any, cast
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 
 from ..core.unit_threads import db_executor
 from ..db.threads import start_daemon
 from .actions import Action, Delivery, Release
+from .aio_db import DB_THREADS, Abandoned, ConnectionHygiene, DbThreads, db_unit
 from .handler import Attempt, Handler, is_async
 from .pool import CANCELLED, PENDING, RUNNING, DaemonPool, Job
 from .watchdog import LoopWatchdog, receiver_codes
 
 logger = logging.getLogger(__name__)
 
-#: Database threads of one event loop: how many sync units (and connections) run at once.
-DB_THREADS = 4
-#: Seconds without an attempt after which the next one checks the connection first.
-IDLE = 1.0
-
-
-class DbThreads(Executor):
-    """A few daemon threads for the sync units of async receivers.
-
-    Not a ``ThreadPoolExecutor``: its threads are joined at interpreter exit and never
-    close their database connections; ours are daemons that close theirs when they end
-    (``threads.start_daemon``).
-    """
-
-    def __init__(self, workers: int, name: str) -> None:
-        self._queue: SimpleQueue[tuple[Future[Any], Callable[..., Any], Any, Any] | None] = (
-            SimpleQueue()
-        )
-        self._threads = [start_daemon(self._work, f"{name}_{i}") for i in range(workers)]
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._queue.put((future, fn, args, kwargs))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-
-
-class Abandoned(Exception):
-    """The job's attempt was abandoned (:meth:`AsyncPool.abandon_running`): no database
-    unit starts for it any more."""
-
-
-def _db_unit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` for ``job`` with Django's per-request hygiene around it: a connection that is
-    broken or past ``CONN_MAX_AGE`` is closed before and after (as ``Consumer._process``
-    does). Not started for an abandoned job (:class:`Abandoned`)."""
-
-    def unit(job: Job, *args: Any) -> Any:
-        if job.state is CANCELLED:
-            raise Abandoned
-        close_old_connections()
-        try:
-            return fn(*args)
-        finally:
-            close_old_connections()
-
-    return unit
-
-
-class ConnectionHygiene:
-    """Django's request-cycle hygiene for the connection async receivers use themselves.
-
-    ``sync_to_async`` (thread-sensitive, its default) and the async ORM run a receiver's
-    database calls on one thread of asgiref's, whose connection nothing else would ever
-    check: once the database dropped it, every later call failed on the dead connection and
-    each message was parked. :meth:`after` each attempt (and :meth:`before` one after an
-    idle second) runs ``close_old_connections`` on that same thread, as Django does around
-    a request: a broken connection, or one past ``CONN_MAX_AGE``, is closed, and the next
-    call connects again (with ``CONN_HEALTH_CHECKS``, checked first).
-
-    That thread runs its calls one at a time, in order, so one pending run covers every
-    attempt that ended before it starts: attempts that end meanwhile share it (under load,
-    far fewer runs than attempts), and no attempt waits for it.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._call = sync_to_async(self._close, thread_sensitive=True)
-        #: The run not started yet (attempts that end now are covered by it), if any.
-        self._queued: asyncio.Task[None] | None = None
-        self._last: asyncio.Task[None] | None = None
-        self._ended = float("-inf")  # monotonic time the last attempt ended
-
-    def _close(self) -> None:
-        """On the receivers' thread: attempts ending from now on need a run of their own."""
-        self._queued = None
-        try:
-            close_old_connections()
-        except Exception:  # never a reason to fail an attempt: the next call says more
-            logger.debug("closing stale database connections failed", exc_info=True)
-
-    async def _run(self) -> None:
-        try:
-            await self._call()
-        except Exception:  # asgiref refused (its thread in use by this context)
-            logger.debug("database connection hygiene did not run", exc_info=True)
-
-    def _schedule(self) -> asyncio.Task[None]:
-        task = self._queued
-        if task is None:
-            # A context of its own: where the receivers' own calls go, whatever the
-            # attempt's context holds.
-            coroutine: Coroutine[Any, Any, None] = self._run()
-            task = contextvars.Context().run(self._loop.create_task, coroutine)
-            self._queued = self._last = task
-        return task
-
-    async def before(self) -> None:
-        """Before an attempt: after an idle second, drop what went stale meanwhile."""
-        if time.monotonic() - self._ended > IDLE:
-            await asyncio.shield(self._schedule())
-
-    def after(self) -> None:
-        """After an attempt: drop its connection if broken or too old (not waited for)."""
-        self._ended = time.monotonic()
-        self._schedule()
-
-    def pending(self) -> asyncio.Task[None] | None:
-        task = self._last
-        return task if task is not None and not task.done() else None
+#: Seconds :meth:`AsyncPool.aclose` gives attempts still running on the consumer's loop to
+#: unwind once abandoned.
+UNWIND = 1.0
+#: What a receiver blocking each kind of loop holds up (the watchdog's WARNING says it).
+OWN_LOOP_STALLS = "every other async receiver waits"
+IO_LOOP_STALLS = (
+    "the consumer's broker I/O (heartbeats, acks, deliveries) and every other async receiver wait"
+)
 
 
 class AsyncPool:
@@ -188,6 +62,10 @@ class AsyncPool:
     ``submit`` (from the consumer's loop) schedules a job; it waits in the landing
     (``hold``) if it is a retry copy that arrived early, then for a free slot of the
     semaphore, then runs; ``done(job)`` hands it back whatever happened.
+
+    By default the pool runs a loop of its own on a daemon thread. With ``io_loop`` it has
+    none: :meth:`start_on` gives it the consumer's loop (on that loop's thread, before a
+    run), jobs are submitted on that thread, and :meth:`aclose` ends the run's side there.
     """
 
     def __init__(
@@ -200,22 +78,17 @@ class AsyncPool:
         is_current: Callable[[Delivery], bool] = lambda d: True,
         hold: Callable[[Delivery], float] | None = None,
         receivers: Iterable[Any] = (),
+        io_loop: bool = False,
     ) -> None:
         self.concurrency = max(1, int(concurrency))
+        self.io_loop = io_loop
+        self._name = name
         self._handler = handler
         self._done = done
         self._is_current = is_current
         self._hold = hold
+        self._codes = receiver_codes(receivers)  # to name a receiver that blocks the loop
         self._lock = threading.Lock()  # job state changes: start vs cancel
-        self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{name}-db")
-        # asgiref only needs an Executor's submit(); its hints name ThreadPoolExecutor.
-        db = cast(ThreadPoolExecutor, self._db)
-        self._prepare = sync_to_async(
-            _db_unit(handler.prepare), thread_sensitive=False, executor=db
-        )
-        self._conclude = sync_to_async(
-            _db_unit(handler.conclude), thread_sensitive=False, executor=db
-        )
         self._held: dict[int, Job] = {}  # in the landing (event loop's thread only)
         #: Each job admitted and not over yet, with its task (event loop's thread only).
         self._tasks: dict[int, tuple[Job, asyncio.Task[None]]] = {}
@@ -223,17 +96,38 @@ class AsyncPool:
         self._given_up = False  # abandon_running() was called: no job starts any more
         self._running = 0
         self._closing = False
-        self._loop = asyncio.new_event_loop()
-        self._hygiene = ConnectionHygiene(self._loop)
-        # Names a receiver that blocks the loop (``time.sleep`` in ``async def``).
-        self._watchdog = LoopWatchdog(self._loop, receiver_codes(receivers), name)
         self._waited: asyncio.Task[None] | None = None  # the check whose end stops the loop
-        self._ready = threading.Event()
-        self._thread = start_daemon(self._run_loop, f"{name}-loop")
-        self._ready.wait()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        if not io_loop:
+            self._bind(asyncio.new_event_loop(), OWN_LOOP_STALLS)
+            self._ready = threading.Event()
+            self._thread = start_daemon(self._run_loop, f"{name}-loop")
+            self._ready.wait()
+
+    def _bind(self, loop: asyncio.AbstractEventLoop, stalls: str) -> None:
+        """The loop this pool's jobs run on, with their database threads and watchdog."""
+        self._loop = loop
+        self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{self._name}-db")
+        # asgiref only needs an Executor's submit(); its hints name ThreadPoolExecutor.
+        db = cast(ThreadPoolExecutor, self._db)
+        handler = self._handler
+        self._prepare = sync_to_async(db_unit(handler.prepare), thread_sensitive=False, executor=db)
+        self._conclude = sync_to_async(
+            db_unit(handler.conclude), thread_sensitive=False, executor=db
+        )
+        self._hygiene = ConnectionHygiene(loop)
+        self._watchdog = LoopWatchdog(loop, self._codes, self._name, stalls=stalls)
+
+    @property
+    def _on(self) -> asyncio.AbstractEventLoop:
+        """The loop the jobs run on (``io_loop``: once :meth:`start_on` gave it)."""
+        assert self._loop is not None, "an io_loop pool runs once start_on() gave it a loop"
+        return self._loop
 
     # The loop's thread -------------------------------------------------------------------
     def _run_loop(self) -> None:
+        assert self._loop is not None
         asyncio.set_event_loop(self._loop)
         self._slots = asyncio.Semaphore(self.concurrency)
         self._watchdog.start()
@@ -245,6 +139,36 @@ class AsyncPool:
             self._loop.close()
             self._db.shutdown(wait=False)  # after the last attempt's ``conclude``
 
+    def start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``io_loop``: run this consumer's async receivers on ``loop`` (the consumer's I/O
+        loop), from now until :meth:`aclose`. On the loop's thread, before it runs."""
+        assert self.io_loop
+        self._bind(loop, IO_LOOP_STALLS)
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._abandoned.clear()
+        self._given_up = self._closing = False
+        self._waited = None
+        self._watchdog.start()
+
+    async def aclose(self) -> None:
+        """``io_loop``, on the loop, as the consumer's run ends (its deliveries are back
+        with the broker, or about to be): an attempt still running is abandoned, so it
+        never completes now; what it left is given :data:`UNWIND` seconds to unwind, then
+        the watchdog and the database threads stop."""
+        self._closing = True
+        unwound: Future[bool] = Future()
+        self._abandon(unwound)
+        left = [task for _job, task in self._tasks.values()]
+        hygiene = self._hygiene.pending()
+        if hygiene is not None:
+            left.append(hygiene)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=UNWIND)
+        self._watchdog.stop()
+        self._db.shutdown(wait=False)
+
     def _admit(self, job: Job) -> None:
         if self._given_up:  # out of time: its delivery goes back untouched
             self.cancel(job)
@@ -252,7 +176,7 @@ class AsyncPool:
         wait = self._hold(job.delivery) if self._hold is not None else 0.0
         if wait > 0:
             self._held[id(job)] = job
-            self._loop.call_later(wait, self._land, job)
+            self._on.call_later(wait, self._land, job)
         else:
             self._start(job)
 
@@ -261,7 +185,7 @@ class AsyncPool:
             self._start(job)
 
     def _start(self, job: Job) -> None:
-        self._tasks[id(job)] = (job, self._loop.create_task(self._run(job)))
+        self._tasks[id(job)] = (job, self._on.create_task(self._run(job)))
 
     async def _run(self, job: Job) -> None:
         try:
@@ -316,8 +240,9 @@ class AsyncPool:
 
     def _stop_if_closed(self) -> None:
         """Once closing and no attempt runs: stop the loop, once the tasks still waiting
-        (cancelled jobs waiting for a slot, a connection check queued) are cancelled."""
-        if not self._closing or self._running:
+        (cancelled jobs waiting for a slot, a connection check queued) are cancelled. Not
+        the consumer's loop (``io_loop``): the consumer ends that one."""
+        if self.io_loop or not self._closing or self._running:
             return
         waiting = [task for _job, task in self._tasks.values()]  # each ends by calling this
         for task in waiting:
@@ -330,7 +255,7 @@ class AsyncPool:
                 hygiene.add_done_callback(lambda _task: self._stop_if_closed())
             return
         if not waiting:
-            self._loop.stop()
+            self._on.stop()
 
     def _abandon(self, unwound: Future[bool]) -> None:
         self._given_up = True
@@ -361,7 +286,11 @@ class AsyncPool:
 
     # Any thread --------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        self._loop.call_soon_threadsafe(self._admit, job)
+        """Schedule ``job`` (``io_loop``: called on the consumer's loop, its own thread)."""
+        if self.io_loop:
+            self._admit(job)
+        else:
+            self._on.call_soon_threadsafe(self._admit, job)
 
     @property
     def held(self) -> int:
@@ -392,12 +321,16 @@ class AsyncPool:
         database unit, the receiver's own ``sync_to_async``) finishes there, and a receiver
         that catches the cancellation and goes on runs on; nothing it does is acked or
         decided (the delivery is redelivered).
+
+        Never on the loop's own thread: it waits for that loop (the consumer calls it from
+        a worker thread, ``run_in_executor``, whichever loop runs the receivers).
         """
-        if not self._thread.is_alive():
+        loop = self._loop
+        if loop is None or (self._thread is not None and not self._thread.is_alive()):
             return True
         unwound: Future[bool] = Future()
         try:
-            self._loop.call_soon_threadsafe(self._abandon, unwound)
+            loop.call_soon_threadsafe(self._abandon, unwound)
         except RuntimeError:  # the loop is closed: nothing runs
             return True
         try:
@@ -407,7 +340,10 @@ class AsyncPool:
 
     def shutdown(self) -> None:
         """Warm shutdown: jobs not started are cancelled (a coroutine that gets its slot
-        later finds them cancelled); started ones finish, then the loop stops."""
+        later finds them cancelled); started ones finish, then the loop stops. Nothing
+        for ``io_loop``: :meth:`aclose` ended its side of the consumer's loop."""
+        if self.io_loop:
+            return
 
         def close() -> None:
             self._closing = True
@@ -416,8 +352,8 @@ class AsyncPool:
             self._held.clear()
             self._stop_if_closed()
 
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(close)
+        if not self._on.is_closed():
+            self._on.call_soon_threadsafe(close)
 
 
 class Pools:
@@ -463,9 +399,11 @@ def with_event_loop(
     *,
     concurrency: int,
     is_current: Callable[[Delivery], bool],
+    io_loop: bool = False,
 ) -> DaemonPool | Pools:
     """``threads`` alone when no receiver is ``async def`` (no event loop is started);
-    else both, each delivery to the right one."""
+    else both, each delivery to the right one (``io_loop``: the async receivers on the
+    consumer's loop, once it gives it: :meth:`AsyncPool.start_on`)."""
     coroutines = [rec for rec in receivers if is_async(rec)]
     if not coroutines:
         return threads
@@ -477,5 +415,6 @@ def with_event_loop(
         is_current=is_current,
         hold=handler.wait_before,
         receivers=coroutines,
+        io_loop=io_loop,
     )
     return Pools(threads, aio)

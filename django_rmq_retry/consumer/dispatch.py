@@ -122,7 +122,8 @@ class Dispatcher(Settler):
             landing_ms=int(app_settings.DELAY_LANDING_MS),
             encode=_encoded,
         )
-        # async def receivers run on an event loop of their own beside the threads (aio).
+        # async def receivers run on an event loop beside the threads (aio): their own, or
+        # with ASYNC_ON_IO_LOOP the engine's, which starts them on it (``_async_on_loop``).
         self._pool = aio.with_event_loop(
             DaemonPool(
                 self.threads,
@@ -137,7 +138,11 @@ class Dispatcher(Settler):
             self._hand_back,
             concurrency=int(app_settings.ASYNC_CONCURRENCY),
             is_current=lambda d: d.generation == self._generation,
+            io_loop=bool(app_settings.ASYNC_ON_IO_LOOP),
         )
+        aio_pool = self._pool.aio if isinstance(self._pool, aio.Pools) else None
+        #: The async receivers' pool when it runs on the engine's I/O loop, else ``None``.
+        self._async_on_loop = aio_pool if aio_pool is not None and aio_pool.io_loop else None
         self._parker = ParkWriter(
             self.names,
             on_batch_done=self._parked,

@@ -10,7 +10,8 @@ so both links' heartbeats flow while the window isolates a copy the broker refus
 deliveries keep arriving and settling meanwhile.
 
 Receivers run elsewhere (``dispatch``: the receiver threads, the async receivers' own
-loop); their outcomes come back through the hand-back, whose wake-up is a
+loop), or, for ``async def`` receivers with ``ASYNC_ON_IO_LOOP``, on this loop as tasks
+(``aio``); their outcomes come back through the hand-back, whose wake-up is a
 ``call_soon_threadsafe`` of the drain. A signal handler only sets the stop flag: a tick of
 the loop (``TICK`` seconds) notices it, checks a bounded run, resumes cancelled consumers
 and decides spare windows.
@@ -113,10 +114,15 @@ class Consumer(Dispatcher):
             self._housekeeper.start()
         loop = asyncio.new_event_loop()
         self._loop = loop
+        on_loop = self._async_on_loop  # async receivers on this loop (ASYNC_ON_IO_LOOP)
         try:
             with broker.decoding():
+                if on_loop is not None:
+                    on_loop.start_on(loop)
                 loop.run_until_complete(self._main())
         finally:
+            if on_loop is not None:  # what still runs there is abandoned, then unwinds
+                loop.run_until_complete(on_loop.aclose())
             self._loop = None  # a late wake-up from a receiver thread finds no loop
             self._close()
             loop.close()

@@ -62,8 +62,16 @@ class LoopWatchdog:
     """Watches one event loop from a daemon thread; started on the loop's own thread (by
     :meth:`start`, called there), stopped by :meth:`stop` from any thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, codes: dict[CodeType, str], name: str):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        codes: dict[CodeType, str],
+        name: str,
+        *,
+        stalls: str = "every other async receiver waits",
+    ):
         self._loop = loop
+        self._stalls = stalls  # what the WARNING says waits meanwhile
         self._codes = codes
         self._name = name
         self._stamp = time.monotonic()
@@ -100,12 +108,13 @@ class LoopWatchdog:
                 name, filename, line = blocker(frame, self._codes)
                 self._blocked_by = name or "?"
                 logger.warning(
-                    "async receiver %s blocks the event loop (%.1fs so far) at %s:%d: every "
-                    "other async receiver waits; call blocking code through sync_to_async",
+                    "async receiver %s blocks the event loop (%.1fs so far) at %s:%d: %s; "
+                    "call blocking code through sync_to_async",
                     name or "(unknown: no receiver on the loop's stack)",
                     late,
                     filename,
                     line,
+                    self._stalls,
                 )
             self._longest = late
             _tell(self._blocked_by, late)
