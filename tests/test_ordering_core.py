@@ -14,10 +14,11 @@ from django_rmq_retry.core.ordering import (
     Arrival,
     Hold,
     HoldState,
+    Incoming,
     OrderingKeyError,
-    Outcome,
     Step,
     after_attempt,
+    after_park,
     held_reason,
     key_from_body,
     on_arrival,
@@ -85,29 +86,56 @@ def test_a_bad_key_is_refused_with_a_readable_reason(body: object, says: str) ->
 
 
 def test_a_free_key_runs_and_a_held_key_sets_other_messages_aside() -> None:
-    assert on_arrival(None, "m1") is Arrival.RUN
+    assert on_arrival(None, Incoming("m1")) is Arrival.RUN
     hold = Hold("m1", HoldState.RETRYING)
-    assert on_arrival(hold, "m1") is Arrival.RUN  # its retry copy
-    assert on_arrival(hold, "m2") is Arrival.SET_ASIDE
-    assert on_arrival(Hold("m1", HoldState.PARKED), "m2") is Arrival.SET_ASIDE
+    assert on_arrival(hold, Incoming("m1")) is Arrival.RUN  # its retry copy
+    assert on_arrival(hold, Incoming("m2")) is Arrival.SET_ASIDE
+    assert on_arrival(Hold("m1", HoldState.PARKED), Incoming("m2")) is Arrival.SET_ASIDE
 
 
-def test_a_retry_holds_its_key_until_the_copy_succeeds() -> None:
-    assert after_attempt(None, "m1", Outcome.RETRY, "hold") is Step.HOLD
+def test_released_copies_run_one_by_one_in_row_order() -> None:
+    hold = Hold("m1", HoldState.RELEASING, first_row=10)
+    assert on_arrival(hold, Incoming("m2", row=10, row_held=True)) is Arrival.RUN
+    # a later row's copy ahead of its turn keeps its row (its place), and is acked
+    assert on_arrival(hold, Incoming("m3", row=11, row_held=True)) is Arrival.KEEP
+    # a new message of the key goes behind every row
+    assert on_arrival(hold, Incoming("m9")) is Arrival.SET_ASIDE
+    # the old blocker again (a redelivery after it ran): it ran, never again
+    assert on_arrival(hold, Incoming("m1")) is Arrival.DUPLICATE
+
+
+def test_a_copy_whose_row_is_gone_ran_before() -> None:
+    assert on_arrival(None, Incoming("m2", row=10, row_held=False)) is Arrival.DUPLICATE
+    hold = Hold("m5", HoldState.RETRYING)
+    assert on_arrival(hold, Incoming("m2", row=10, row_held=False)) is Arrival.DUPLICATE
+    # a released copy meeting a new blocker waits again, keeping its row
+    assert on_arrival(hold, Incoming("m2", row=10, row_held=True)) is Arrival.KEEP
+
+
+def test_a_failure_holds_its_key_until_the_blocker_succeeds() -> None:
+    assert after_attempt(None, Incoming("m1"), failed=True) is Step.HOLD
     hold = Hold("m1", HoldState.RETRYING)
-    assert after_attempt(hold, "m1", Outcome.RETRY, "hold") is Step.NOTHING
-    assert after_attempt(hold, "m1", Outcome.HANDLED, "hold") is Step.RELEASE
-    assert after_attempt(None, "m1", Outcome.HANDLED, "hold") is Step.NOTHING
+    assert after_attempt(hold, Incoming("m1"), failed=True) is Step.NOTHING
+    assert after_attempt(hold, Incoming("m1"), failed=False) is Step.RELEASE
+    assert after_attempt(None, Incoming("m1"), failed=False) is Step.NOTHING
+
+
+def test_a_released_copy_either_finishes_its_row_or_becomes_the_blocker() -> None:
+    hold = Hold("m1", HoldState.RELEASING, first_row=10)
+    copy = Incoming("m2", row=10, row_held=True)
+    assert after_attempt(hold, copy, failed=False) is Step.ROW_DONE
+    assert after_attempt(hold, copy, failed=True) is Step.BLOCK
 
 
 def test_park_holds_the_key_or_skips_it() -> None:
     hold = Hold("m1", HoldState.RETRYING)
-    assert after_attempt(hold, "m1", Outcome.PARKED, "hold") is Step.HOLD_PARKED
-    assert after_attempt(None, "m1", Outcome.PARKED, "hold") is Step.HOLD_PARKED
-    assert after_attempt(hold, "m1", Outcome.PARKED, "skip") is Step.RELEASE
-    assert after_attempt(None, "m1", Outcome.PARKED, "skip") is Step.NOTHING
+    assert after_park(hold, "m1", "hold") is Step.HOLD_PARKED
+    assert after_park(hold, "m1", "skip") is Step.RELEASE
+    assert after_park(hold, "m2", "hold") is Step.NOTHING  # not the blocker
+    assert after_park(None, "m1", "hold") is Step.NOTHING
+    assert after_park(Hold("m1", HoldState.RELEASING), "m1", "hold") is Step.NOTHING
     with pytest.raises(ValueError):
-        after_attempt(None, "m1", Outcome.PARKED, "drop")
+        after_park(hold, "m1", "drop")
 
 
 def test_the_held_reason_names_the_blocker_and_the_key() -> None:

@@ -79,69 +79,108 @@ class HoldState(str, Enum):
     RETRYING = "retrying"
     #: Its blocker was parked (``ORDERING_ON_PARK = "hold"``): an operator decides.
     PARKED = "parked"
+    #: The messages set aside were published again, in order, and run one by one.
+    RELEASING = "releasing"
 
 
 @dataclass(frozen=True)
 class Hold:
-    """A held key as the gate reads it: the message (by :func:`consumer.inbox.message_key`)
-    that alone may run for this key now, and why the key is held."""
+    """A held key as the consumer reads it.
+
+    ``blocker`` is the message (by its message id: ``consumer.inbox.message_key``) that
+    alone may run for this key while it is retrying or parked. ``first_row`` is the lowest
+    set-aside row still held: while releasing, only its copy may run.
+    """
 
     blocker: str
     state: HoldState
+    first_row: int | None = None
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A message of an ordered receiver as it arrives (or as it ran).
+
+    ``row`` is the set-aside row a released copy came from (our ``held`` header), and
+    ``row_held`` whether that row is still held: a copy whose row is gone ran before.
+    """
+
+    message: str
+    row: int | None = None
+    row_held: bool = False
 
 
 class Arrival(str, Enum):
     """What to do with a message of an ordered receiver as it arrives."""
 
-    RUN = "run"  # the key is free, or this message is the one the hold waits for
-    SET_ASIDE = "set_aside"  # the key is held by another message: keep it behind, in order
+    RUN = "run"  # the key is free, or this message is the one it waits for
+    SET_ASIDE = "set_aside"  # write it behind the others of its key (a new row), then ack
+    KEEP = "keep"  # a released copy that must wait again: its row stays where it is; ack
+    DUPLICATE = "duplicate"  # it ran before (its row or its hold is gone): ack, do not run
 
 
-def on_arrival(hold: Hold | None, message: str) -> Arrival:
-    """A message of a key arrives: it runs if the key is free or if it is the blocker (its
-    retry copy, or the held message released to run next); otherwise it waits behind."""
-    if hold is None or hold.blocker == message:
+def on_arrival(hold: Hold | None, incoming: Incoming) -> Arrival:
+    """Whether a message runs now (module doc). Set-aside rows keep their place: a copy
+    released from one that must wait again keeps its row, so nothing behind it overtakes."""
+    if incoming.row is not None and not incoming.row_held:
+        return Arrival.DUPLICATE
+    if hold is None:
         return Arrival.RUN
-    return Arrival.SET_ASIDE
-
-
-class Outcome(str, Enum):
-    """How the receiver's attempt ended, as the hold cares."""
-
-    HANDLED = "handled"
-    RETRY = "retry"  # a retry copy was published
-    PARKED = "parked"
+    if hold.state is HoldState.RELEASING:
+        if incoming.row is not None:
+            return Arrival.RUN if incoming.row == hold.first_row else Arrival.KEEP
+        if incoming.message == hold.blocker:  # the old blocker again: it ran (or parked)
+            return Arrival.DUPLICATE
+        return Arrival.SET_ASIDE
+    if incoming.message == hold.blocker:
+        return Arrival.RUN
+    return Arrival.KEEP if incoming.row is not None else Arrival.SET_ASIDE
 
 
 class Step(str, Enum):
-    """What the hold does after an attempt (:func:`after_attempt`)."""
+    """What the hold does after an attempt (:func:`after_attempt`, :func:`after_park`)."""
 
-    NOTHING = "nothing"  # the key stays as it was (free, or held by this retrying message)
-    HOLD = "hold"  # hold the key with this message as the blocker (state retrying)
-    HOLD_PARKED = "hold_parked"  # hold the key behind this parked message
-    RELEASE = "release"  # let the next message set aside run (or free the key)
+    NOTHING = "nothing"  # the key stays as it was
+    HOLD = "hold"  # hold the free key with this message as the blocker (retrying)
+    BLOCK = "block"  # a released copy failed: its row goes, it becomes the blocker
+    ROW_DONE = "row_done"  # a released copy ran: its row goes; release more if none is out
+    RELEASE = "release"  # publish the rows set aside again, in order (or free the key)
+    HOLD_PARKED = "hold_parked"  # the blocker was parked: hold until an operator decides
 
 
-def after_attempt(hold: Hold | None, message: str, outcome: Outcome, on_park: str) -> Step:
-    """The hold's next step once ``message`` (which ran: :func:`on_arrival` said so) ended
-    with ``outcome``. ``on_park`` is ``ORDERING_ON_PARK``: ``"hold"`` keeps the key held
-    behind a parked message until an operator requeues or discards it, ``"skip"`` lets the
-    messages behind it go on."""
+def after_attempt(hold: Hold | None, incoming: Incoming, failed: bool) -> Step:
+    """The hold's next step once a message that ran (:func:`on_arrival` said so) ended.
+    A failure takes the key (its retry copy, or its parking, follows); a success of the
+    blocker releases the messages behind it."""
+    released = hold is not None and hold.state is HoldState.RELEASING and incoming.row
+    if failed:
+        if hold is None:
+            return Step.HOLD
+        return Step.BLOCK if released else Step.NOTHING
+    if released:
+        return Step.ROW_DONE
+    if hold is not None and hold.blocker == incoming.message:
+        return Step.RELEASE
+    return Step.NOTHING
+
+
+def after_park(hold: Hold | None, message: str, on_park: str) -> Step:
+    """A message of the key was parked: if it is the blocker, ``on_park``
+    (``ORDERING_ON_PARK``) says whether the key stays held until an operator requeues or
+    discards it (``"hold"``) or the messages behind it go on (``"skip"``)."""
     if on_park not in ON_PARK_CHOICES:
         raise ValueError(f"on_park must be one of {ON_PARK_CHOICES}, got {on_park!r}")
-    mine = hold is not None and hold.blocker == message
-    if outcome is Outcome.RETRY:
-        # A first failure takes the key; a blocker's further retries keep it.
-        return Step.NOTHING if mine else Step.HOLD
-    if outcome is Outcome.PARKED:
-        if on_park == "hold":
-            return Step.HOLD_PARKED
-        return Step.RELEASE if mine else Step.NOTHING
-    return Step.RELEASE if mine else Step.NOTHING
+    if hold is None or hold.blocker != message or hold.state is HoldState.RELEASING:
+        return Step.NOTHING
+    return Step.HOLD_PARKED if on_park == "hold" else Step.RELEASE
 
 
 def held_reason(blocker_id: str, key: str, state: HoldState) -> str:
-    """The reason a message set aside carries (its parked row's detail): which message it
-    waits behind, for which key, and why."""
-    why = "waits for its retry" if state is HoldState.RETRYING else "is parked"
+    """Why messages of a key are held, as an operator reads it: which message they wait
+    behind, for which key, and why."""
+    why = {
+        HoldState.RETRYING: "waits for its retry",
+        HoldState.PARKED: "is parked (requeue or discard it to release them)",
+        HoldState.RELEASING: "ran; the messages behind it are being released in order",
+    }[state]
     return f"held behind message {blocker_id} of key {key!r}, which {why}"
