@@ -3,6 +3,7 @@
 Public API::
 
     from django_rmq_retry import Topic, receiver, Message, Policy, Retry, Reject
+    from django_rmq_retry import ValidationError, upcaster   # typed topics
 """
 
 from .core.backoff import Policy
@@ -15,9 +16,11 @@ from .core.errors import (
     Retry,
     TopologyError,
     UnroutableError,
+    ValidationError,
 )
 from .core.message import Message
 from .registry import Receiver, receiver
+from .schemas.upcasting import upcaster
 from .topics import Topic
 
 __all__ = [
@@ -33,6 +36,8 @@ __all__ = [
     "Topic",
     "TopologyError",
     "UnroutableError",
+    "ValidationError",
     "receiver",
+    "upcaster",
 ]
 __version__ = "1.0.0a1"

@@ -17,6 +17,8 @@ from .core.backoff import Policy
 from .publishing.per_thread import get_publisher
 from .publishing.publisher import PublishResult, encode_body
 from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
+from .schemas.sending import encode_typed, typed_adapter
+from .schemas.upcasting import HEADER as VERSION_HEADER
 
 
 class Topic(TopicKey):
@@ -25,13 +27,29 @@ class Topic(TopicKey):
     ``outbox`` chooses how ``send`` publishes for this topic: ``True`` writes an outbox row
     in the current database transaction (published by the relay once it commits), ``False``
     publishes at once, ``None`` (default) follows the ``OUTBOX`` setting.
+
+    ``schema`` (a ``msgspec.Struct``, a pydantic ``BaseModel`` or a ``@dataclass``) makes
+    the topic typed: ``send`` validates a dict before anything is published (raising
+    ``ValidationError``) and encodes an instance with its library; receivers get an
+    instance as ``message.data``, and a body that does not fit is parked at once as
+    *invalid*. ``schema_version`` goes out in the ``schema_version`` header
+    (``schemas.upcasting``: older bodies are upcast before validation).
     """
 
     def __init__(
-        self, routing_key: str, *, description: str = "", outbox: bool | None = None
+        self,
+        routing_key: str,
+        *,
+        description: str = "",
+        outbox: bool | None = None,
+        schema: type | None = None,
+        schema_version: int = 1,
     ) -> None:
         super().__init__(routing_key, description=description)
         self.outbox = outbox
+        self.schema = schema
+        self.schema_version = schema_version
+        self._adapter = typed_adapter(routing_key, schema, schema_version)
 
     def uses_outbox(self, outbox: bool | None = None) -> bool:
         """Whether a send goes through the outbox: the call's choice, the topic's, the setting."""
@@ -73,6 +91,8 @@ class Topic(TopicKey):
         using: str | None,
         properties: dict[str, Any],
     ) -> PublishResult:
+        if self._adapter is not None:
+            body, content_type, headers = self._typed(body, content_type, headers)
         if self.uses_outbox(outbox):
             return _outbox().enqueue(
                 self.routing_key,
@@ -110,6 +130,13 @@ class Topic(TopicKey):
     def _send_many(
         self, bodies: Iterable[Any], outbox: bool | None, using: str | None, kwargs: dict[str, Any]
     ) -> list[PublishResult]:
+        if self._adapter is not None:  # every body validated before any is published
+            typed = [
+                self._typed(b, kwargs.get("content_type"), kwargs.get("headers")) for b in bodies
+            ]
+            bodies = [b for b, _c, _h in typed]
+            if typed:
+                kwargs = {**kwargs, "content_type": typed[0][1], "headers": typed[0][2]}
         if self.uses_outbox(outbox):
             return _outbox().enqueue_many(self.routing_key, bodies, using=using, **kwargs)
         return get_publisher().send_bodies(self.routing_key, bodies, **kwargs)
@@ -127,10 +154,22 @@ class Topic(TopicKey):
         if self.uses_outbox(kwargs.pop("outbox", None)):
             self.send(body, outbox=True, using=using, **kwargs)
             return
+        if self._adapter is not None:  # an invalid body raises here, not after the commit
+            body, kwargs["content_type"], kwargs["headers"] = self._typed(
+                body, kwargs.get("content_type"), kwargs.get("headers")
+            )
         data, content_type = encode_body(body, kwargs.pop("content_type", None))
         transaction.on_commit(
             lambda: self.send(data, content_type=content_type, **kwargs), using=using, robust=False
         )
+
+    def _typed(
+        self, body: Any, content_type: str | None, headers: Mapping[str, Any] | None
+    ) -> tuple[bytes, str, dict[str, Any]]:
+        """A typed topic's body validated and encoded (``schemas``), with its version."""
+        assert self._adapter is not None
+        data = encode_typed(self._adapter, body, content_type)
+        return data, "application/json", {**(headers or {}), VERSION_HEADER: self.schema_version}
 
     # Receivers --------------------------------------------------------------------------
     def connect(

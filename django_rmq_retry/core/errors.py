@@ -101,3 +101,37 @@ class MessageRefused(PublishError):
         super().__init__(reason, confirmed=confirmed, failed=failed)
         self.reason = reason
         self.message_id = message_id
+
+
+class ValidationError(RmqRetryError, ValueError):
+    """A body that does not fit its topic's (or receiver's) schema.
+
+    ``errors`` names each failing field: ``[{"loc": ["items", 0, "sku"], "msg": "..."}]``
+    (``loc`` is empty when the body as a whole is wrong, e.g. a list for an object). The
+    same list is kept on the parked row of an invalid message (``field_errors``) and shown
+    next to the JSON when an operator's edit does not fit.
+    """
+
+    def __init__(self, errors: Iterable[FieldError], schema: str = "") -> None:
+        self.errors: list[FieldError] = [
+            {"loc": list(e.get("loc") or []), "msg": str(e.get("msg", ""))} for e in errors
+        ]
+        self.schema = schema
+        super().__init__(describe_field_errors(self.errors, schema))
+
+
+FieldError = dict[str, Any]
+"""One failing field: ``{"loc": [...], "msg": "..."}``."""
+
+
+def describe_field_errors(errors: Iterable[FieldError], schema: str = "", most: int = 5) -> str:
+    """One readable line for ``errors`` (the first ``most``): ``amount: Field required; ...``."""
+    errors = list(errors)
+    parts = [
+        f"{'.'.join(str(p) for p in e.get('loc') or []) or '(body)'}: {e.get('msg')}"
+        for e in errors[:most]
+    ]
+    if len(errors) > most:
+        parts.append(f"and {len(errors) - most} more")
+    what = f"does not fit {schema}" if schema else "is invalid"
+    return f"the body {what}: " + "; ".join(parts)

@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core.backoff import Policy
 from ..core.message import Message
 from ..core.ordering import OrderingKeyError, check_key, key_from_body
+from ..schemas import is_schema
 
 ReceiverFunc = Callable[..., Any]
 #: ``ordering_key=``: a body field (``"account_id"``, ``"a.b"``) or ``callable(message) -> str``.
@@ -75,6 +76,8 @@ class Receiver:
     #: The dependencies it calls (``RMQ_RETRY["DEPENDENCIES"]`` names): while one's breaker
     #: is open this receiver's queue is not consumed.
     depends_on: tuple[str, ...] = ()
+    #: The receiver's own schema (``schemas``); ``None``: its topic's, if the topic has one.
+    schema: type | None = None
 
     @property
     def routing_keys(self) -> list[str]:
@@ -152,6 +155,7 @@ class Registry:
         retry: Policy | Mapping[str, Any] | None = None,
         idempotent: bool = False,
         depends_on: str | Iterable[str] = (),
+        schema: type | None = None,
     ) -> Receiver:
         topics = list(topics)
         name = dotted_path(func)
@@ -173,6 +177,11 @@ class Registry:
             )
         policy = _policy(retry, name)
         _check_ordering_key(ordering_key, name)
+        if schema is not None and not is_schema(schema):
+            raise ImproperlyConfigured(
+                f"Receiver {name}: schema={schema!r} must be a msgspec.Struct, a pydantic "
+                "BaseModel or a @dataclass class."
+            )
         with self._lock:
             existing = self._by_name.get(name)
             if existing is not None:
@@ -191,6 +200,7 @@ class Registry:
                 existing.policy = policy or existing.policy
                 existing.idempotent = existing.idempotent or idempotent
                 existing.depends_on = tuple(dict.fromkeys((*existing.depends_on, *needs)))
+                existing.schema = schema or existing.schema
                 return existing
             suffix = queue
             for other in self._by_name.values():
@@ -208,6 +218,7 @@ class Registry:
                 ordering_key=ordering_key,
                 idempotent=idempotent,
                 depends_on=needs,
+                schema=schema,
             )
             self._by_name[name] = rec
             return rec
@@ -336,6 +347,7 @@ def receiver(
     retry: Policy | Mapping[str, Any] | None = None,
     idempotent: bool = False,
     depends_on: str | Iterable[str] = (),
+    schema: type | None = None,
     registry: Registry | None = None,
 ) -> Callable[[ReceiverFunc], ReceiverFunc]:
     """Decorator: ``@receiver(order_paid)`` or ``@receiver([a, b], queue=..., retry=...)``.
@@ -346,7 +358,9 @@ def receiver(
     ``idempotent=True``: the receiver's database effects happen once per message even when
     it is delivered twice (docs/howto/outbox.md). ``depends_on="payments"`` (or a list):
     while that dependency's breaker is open the receiver does not run and the broker keeps
-    its messages (docs/howto/dependencies.md).
+    its messages (docs/howto/dependencies.md). ``schema=OrderPaid``: the receiver gets an
+    instance as ``message.data`` (else its topic's schema, if any), and a body that does not
+    fit is parked at once as *invalid* (docs/howto/typed-receivers.md).
     """
     topics = [topic] if isinstance(topic, TopicKey) else list(topic)
 
@@ -359,6 +373,7 @@ def receiver(
             retry=retry,
             idempotent=idempotent,
             depends_on=depends_on,
+            schema=schema,
         )
         return func
 

@@ -1,0 +1,88 @@
+"""Typed messages: one adapter protocol for msgspec, pydantic v2 and dataclasses.
+
+A topic (``Topic(..., schema=OrderPaid)``) or a receiver (``@receiver(..., schema=...)``)
+names a schema: a ``msgspec.Struct``, a pydantic ``BaseModel`` or a ``@dataclass``. Its
+:class:`Adapter` validates a decoded JSON body into an instance (``message.data``), encodes
+an instance to JSON bytes with its own library (``Decimal`` and datetimes exact), and gives
+its JSON Schema (the AsyncAPI document). A body that does not fit raises
+``django_rmq_retry.ValidationError`` naming each failing field.
+
+Nothing here imports msgspec or pydantic: a schema class of theirs can only exist once its
+library is imported, so :func:`adapter_for` finds the library in ``sys.modules`` and loads
+the adapter module that imports it only then. Projects without them never import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from typing import Any, Protocol
+
+from ..core.errors import ValidationError
+
+__all__ = ["Adapter", "ValidationError", "adapter_for", "is_schema"]
+
+
+class Adapter(Protocol):
+    """What the consumer and ``Topic.send`` need of a schema, whatever its library."""
+
+    schema: type
+    #: "msgspec", "pydantic" or "dataclass".
+    library: str
+
+    def validate(self, body: Any) -> Any:
+        """The instance ``body`` (a decoded JSON value) makes; ``ValidationError`` if none."""
+
+    def is_instance(self, value: Any) -> bool:
+        """Whether ``value`` already is an instance (sent as it is, encoded by its library)."""
+
+    def encode(self, instance: Any) -> bytes:
+        """An instance as compact JSON bytes (what ``Topic.send`` publishes)."""
+
+    def json_schema(self) -> dict[str, Any]:
+        """The schema as JSON Schema (for the AsyncAPI document)."""
+
+
+_adapters: dict[type, Adapter] = {}
+_lock = threading.Lock()
+
+
+def _library_of(schema: Any) -> str | None:
+    if not isinstance(schema, type):
+        return None
+    msgspec = sys.modules.get("msgspec")
+    if msgspec is not None and issubclass(schema, msgspec.Struct):
+        return "msgspec"
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and issubclass(schema, pydantic.BaseModel):
+        return "pydantic"
+    if dataclasses.is_dataclass(schema):
+        return "dataclass"
+    return None
+
+
+def is_schema(schema: Any) -> bool:
+    """Whether ``schema`` is a class one of the adapters takes."""
+    return _library_of(schema) is not None
+
+
+def adapter_for(schema: Any) -> Adapter:
+    """The adapter of ``schema`` (made once per class); ``TypeError`` if none fits."""
+    found = _adapters.get(schema) if isinstance(schema, type) else None
+    if found is not None:
+        return found
+    library = _library_of(schema)
+    if library == "msgspec":
+        from .msgspec_adapter import MsgspecAdapter as made
+    elif library == "pydantic":
+        from .pydantic_adapter import PydanticAdapter as made  # type: ignore[assignment]
+    elif library == "dataclass":
+        from .dataclass_adapter import DataclassAdapter as made  # type: ignore[assignment]
+    else:
+        raise TypeError(
+            f"schema={schema!r} is not a msgspec.Struct, a pydantic BaseModel or a dataclass"
+        )
+    adapter = made(schema)
+    with _lock:
+        return _adapters.setdefault(schema, adapter)
