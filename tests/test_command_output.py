@@ -175,12 +175,6 @@ def test_the_failure_groups_page_gives_each_groups_command_and_it_selects_the_gr
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug under investigation: in a full CI leg (never alone, even beside CPU "
-    "hogs) the batch stepped right after the Ctrl-C is left 'sending' unpublished, a later "
-    "takeover counts it sent, and the operation waits for outcomes that never come",
-)
 def test_ctrl_c_pauses_the_operation_and_says_what_happened(rmq):
     """Ctrl-C of an attached ``rmq_requeue`` while a consumer steps the same operation: it
     stays paused (nothing steps it on), the command says so with the counts, and a resume

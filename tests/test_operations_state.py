@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from django.utils import timezone
 from django_rmq_retry.models import (
     ItemState,
     OperationState,
+    ParkedClaim,
     ParkedMessage,
     ParkedStatus,
     RequeueItem,
@@ -167,6 +169,33 @@ def test_a_step_longer_than_its_lease_keeps_it_and_no_other_process_steps(rmq, m
     assert op.sent == 50 and op.lease_until is None
     assert rmq.depth(rmq.queue("alpha")) == 50
     assert set(ParkedMessage.objects.values_list("requeue_count", flat=True)) == {1}
+
+
+def test_a_taker_sends_what_a_dead_step_never_published_and_counts_what_it_may_have(rmq):
+    """A step died after fencing its batch: rows it never claimed never reached the broker
+    and are sent by the process that takes over; rows it claimed may be out and count as
+    sent, never sent again."""
+    park_rows(rmq, [{"id": i} for i in range(30)])
+    op = operations.create(ParkedMessage.objects.all(), user="ops")
+    pks = list(ParkedMessage.objects.order_by("pk").values_list("pk", flat=True))
+    never_published, maybe_out = pks[:10], pks[10:20]
+    RequeueItem.objects.filter(operation=op, parked_id__in=pks[:20]).update(state=ItemState.SENDING)
+    past = timezone.now() - timedelta(seconds=60)
+    ParkedClaim.objects.bulk_create(
+        ParkedClaim(parked_id=pk, token="dead-run", claimed_at=timezone.now()) for pk in maybe_out
+    )
+    RequeueOperation.objects.filter(pk=op.pk).update(lease_owner="dead:1", lease_until=past)
+    with settings_with(BATCH_SIZE=10):
+        assert operations.advance(op.pk, owner="taker") is not None
+    op.refresh_from_db()
+    assert op.sent == 20, op.state_reason  # 10 counted from the dead step, 10 sent now
+    states = dict(RequeueItem.objects.filter(operation=op).values_list("parked_id", "state"))
+    assert {states[pk] for pk in never_published + maybe_out} == {ItemState.SENT}
+    assert {states[pk] for pk in pks[20:]} == {ItemState.PENDING}
+    status = dict(ParkedMessage.objects.values_list("pk", "status"))
+    assert {status[pk] for pk in never_published} == {ParkedStatus.REQUEUED}
+    assert {status[pk] for pk in maybe_out} == {ParkedStatus.PARKED}  # left to its claim
+    assert rmq.depth(rmq.queue("alpha")) == 10  # only the never-published ten went out
 
 
 def test_a_step_reads_the_operation_not_a_count_of_its_items(rmq):

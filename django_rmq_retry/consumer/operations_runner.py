@@ -25,6 +25,8 @@ logger = logging.getLogger("django_rmq_retry.operations")
 
 #: Seconds between two looks for a due operation when none is running.
 IDLE_POLL = 1.0
+#: The longest wait after unexpected errors in a row.
+MAX_BACKOFF = 30.0
 
 
 class OperationsRunner:
@@ -39,6 +41,7 @@ class OperationsRunner:
         self._thread: threading.Thread | None = None
         self._next_alerts = 0.0
         self._next_snapshot = 0.0
+        self._failures = 0
 
     def start(self) -> None:
         operations.flusher_running.set()
@@ -86,8 +89,17 @@ class OperationsRunner:
                 self._snapshots()
                 if self.once and not operations.running(only=self.only):
                     return
+                self._failures = 0
             except (DatabaseError, PublishError) as exc:
                 logger.warning("requeue operations: %s; retrying", exc)
                 close_old_connections()
                 wait = IDLE_POLL
+            except Exception:
+                # A bug of ours, or of a hook: said with its traceback, and the thread goes on
+                # (dead, it would silently stop every operation this process could step),
+                # waiting longer after each failure in a row so a lasting one does not flood.
+                self._failures += 1
+                wait = min(MAX_BACKOFF, IDLE_POLL * 2 ** (self._failures - 1))
+                logger.exception("requeue operations: unexpected error; retrying in %g s", wait)
+                close_old_connections()
             self.stop.wait(wait)

@@ -8,9 +8,13 @@ stands, and the step stops at its current batch.
 
 Before it publishes, a step fences its batch (items ``sending``, only while its lease holds
 and the operation runs). A process that takes over an operation whose stepper died (or
-froze past its lease) counts such items sent and never sends them again: their outcome is
-reported like any other (``parking.outcomes``), and copies with no outcome for
-``OPERATION_OUTCOME_TIMEOUT`` seconds count as "outcome unknown", so no wait lasts for ever.
+froze past its lease) looks at what each such item's row says. A requeue run claims a row
+before it publishes its copy and keeps the claim until the row is marked requeued
+(``parking.claims``), so a row still parked with no claim never reached the broker: its item
+goes back to pending and is sent by the taker. Any other item's copy may be out: it counts
+as sent and is never sent again; its outcome is reported like any other
+(``parking.outcomes``), and copies with no outcome for ``OPERATION_OUTCOME_TIMEOUT`` seconds
+count as "outcome unknown", so no wait lasts for ever.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..db import locks
 from ..models import (
     ItemState,
     OperationState,
+    ParkedClaim,
     ParkedMessage,
     ParkedStatus,
     RequeueItem,
@@ -148,12 +153,27 @@ def advance(op_id: int, *, owner: str) -> RequeueOperation | None:
 
 
 def _take_over(op_id: int, now: datetime) -> None:
-    """Items a step fenced and never settled (it died, or froze past its lease): their
-    copies may be out, so they count as sent and wait for their outcome (a handled report
-    marks the row requeued), never sent again; the outcome timeout ends the wait."""
-    n = RequeueItem.objects.filter(operation_id=op_id, state=ItemState.SENDING).update(
-        state=ItemState.SENT
-    )
+    """Items a step fenced and never settled (it died, or froze past its lease).
+
+    Their rows tell which copies cannot be out (see the module's docstring): a row still
+    parked that no requeue run claims was never published, so its item is pending again
+    (counting it sent would wait ``OPERATION_OUTCOME_TIMEOUT`` for an outcome that never
+    comes, and leave the row parked). The others count as sent and wait for their outcome
+    (a handled report marks the row requeued), never sent again.
+    """
+    stuck = RequeueItem.objects.filter(operation_id=op_id, state=ItemState.SENDING)
+    unsent = stuck.filter(
+        Exists(ParkedMessage.objects.filter(pk=OuterRef("parked_id"), status=ParkedStatus.PARKED))
+    ).exclude(Exists(ParkedClaim.objects.filter(parked_id=OuterRef("parked_id"))))
+    back = unsent.update(state=ItemState.PENDING)
+    n = stuck.update(state=ItemState.SENT)
+    if back:
+        logger.warning(
+            "requeue operation #%s: %d copies of a dead step never reached the broker; "
+            "sending them now",
+            op_id,
+            back,
+        )
     if n:
         logger.warning("requeue operation #%s: %d copies of a dead step counted sent", op_id, n)
         RequeueOperation.objects.filter(pk=op_id).update(sent=F("sent") + n, last_outcome_at=now)
@@ -341,7 +361,14 @@ def _settle(op: RequeueOperation, mine: str, ids: list[int], result: RequeueResu
     now = timezone.now()
     with transaction.atomic():
         if not RequeueOperation.objects.filter(pk=op.pk, lease_owner=mine).update(updated_at=now):
-            return None  # taken over: the new holder counted these items
+            # Taken over: the new holder settled these items from their rows.
+            logger.warning(
+                "requeue operation #%s: this step lost its lease before it could count its "
+                "batch of %d; the process that took the operation over counts it",
+                op.pk,
+                len(ids),
+            )
+            return None
         items = RequeueItem.objects.filter(operation=op, parked_id__in=ids, state=ItemState.SENDING)
         sent = items.filter(parked_id__in=result.requeued_ids).update(state=ItemState.SENT)
         refused = items.filter(parked_id__in=result.refused_ids).update(state=ItemState.REFUSED)
