@@ -35,6 +35,7 @@ from . import aio
 from .acks import AckBook
 from .actions import Action, Delivery, Release, StorePark
 from .delivery_limit import DeliveryLimit
+from .dependency_consumers import DependencyConsumers
 from .handler import Handler
 from .housekeeper import Housekeeper
 from .notifier import Notifier
@@ -162,6 +163,8 @@ class Dispatcher(Settler):
         self._by_queue = {
             q: r for r in self.receivers for q in receiver_queues(r, self.names.prefix, partitions)
         }
+        #: Queues not consumed while a dependency's breaker is open (``depends_on=``).
+        self._breakers = DependencyConsumers(self._by_queue, self.prefetch)
         ordered = [r.name for r in self.receivers if r.ordering_key is not None]
         if ordered and self.threads > 1:  # the system check E031 says it before a start
             raise ImproperlyConfigured(
@@ -212,6 +215,7 @@ class Dispatcher(Settler):
         with self._parking_lock:
             self._parking.clear()  # the old connection's rows are no longer counted
         self._done.reset()  # a wake-up scheduled on the old connection is gone
+        self._breakers.reset()
 
     def _start_consuming(self, channel: Any, plan: Any, url: str) -> None:
         """The consume channel is open: consume every queue of ours on it."""
@@ -225,7 +229,8 @@ class Dispatcher(Settler):
         if self.consume_orphans:  # and, with quorum queues, what the broker dead-lettered
             queues.extend(plan.parking_queues)
         for queue_name in queues:
-            self._consume(queue_name)
+            if self._breakers.consumes_at_start(queue_name):
+                self._consume(queue_name)
         logger.info(
             "consuming %d queue(s) on %s (prefetch %d, %d thread(s))",
             len(queues),
@@ -237,6 +242,23 @@ class Dispatcher(Settler):
     def _consume(self, queue_name: str) -> None:
         tag = self._channel.consume(queue_name, self._on_message(queue_name, self._generation))
         self._queue_by_tag[tag] = queue_name
+
+    # The breakers' consumers (``dependency_consumers.Consumers``) ---------------------------
+    def consume_at(self, queue: str, prefetch: int) -> None:
+        """Consume ``queue`` with a prefetch of its own (the next consumers get PREFETCH)."""
+        self._channel.qos(prefetch)
+        try:
+            self._consume(queue)
+        finally:
+            self._channel.qos(self.prefetch)
+
+    def cancel_consumer(self, tag: str) -> None:
+        """Stop a consumer; the deliveries it took stay ours to settle."""
+        self._queue_by_tag.pop(tag, None)
+        self._channel.cancel(tag)
+
+    def tags_of(self, queue: str) -> list[str]:
+        return [tag for tag, name in self._queue_by_tag.items() if name == queue]
 
     def _cancelled_queues(self) -> list[str]:
         """The broker cancelled consumers (``basic.cancel``): their queue was deleted, or the
@@ -273,6 +295,7 @@ class Dispatcher(Settler):
 
     def _close(self) -> None:
         self._housekeeping_stop.set()
+        self._breakers.stop()
         if self._housekeeper is not None:
             self._housekeeper.join(timeout=self.shutdown_timeout)
         self._pool.shutdown()

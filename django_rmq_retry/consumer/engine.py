@@ -112,6 +112,8 @@ class Consumer(Dispatcher):
     def _run_here(self) -> Stats:
         if self._housekeeper is not None:
             self._housekeeper.start()
+        if self._breakers:
+            self._breakers.start()  # reads the breakers before the first connection
         loop = asyncio.new_event_loop()
         self._loop = loop
         on_loop = self._async_on_loop  # async receivers on this loop (ASYNC_ON_IO_LOOP)
@@ -311,6 +313,8 @@ class Consumer(Dispatcher):
         self._flush_acks()
         if self._cancelled:
             await self._resume_cancelled()
+        if self._breakers and not self._winding_down:
+            self._breakers.adjust(self)  # dependencies down or back: stop or resume queues
         self._check_spares()
 
     async def _consume_until_stopped(self) -> None:
