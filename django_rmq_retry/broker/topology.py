@@ -14,7 +14,7 @@ import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exchange_type import ExchangeType
 
-from ..core.errors import TopologyError
+from ..core.errors import ConnectionLost, TopologyError
 from ..core.topology_plan import Plan
 
 
@@ -76,9 +76,21 @@ def _declare(channel: BlockingChannel, the_plan: Plan, *, passive: bool) -> None
                 "permission): run 'manage.py rmq_setup' as a user that may "
                 "(docs/howto/permissions.md)."
             ) from exc
+        if exc.reply_code in UNAVAILABLE:
+            raise ConnectionLost(
+                f"declaring {current} failed: {exc.reply_code} {exc.reply_text} (a node on "
+                "the minority side of a partition cannot change the topology; retried)"
+            ) from exc
         raise TopologyError(
             f"declaring {current} failed: {exc.reply_code} {exc.reply_text}"
         ) from exc
+
+
+#: Reply codes of a declare that may pass later, on this node or another: 541
+#: ``INTERNAL_ERROR``, what RabbitMQ 4.2+ (Khepri) answers on the minority side of a
+#: partition once the metadata store timed out. The caller reconnects with its backoff
+#: (``ConnectionLost``) instead of stopping as for a conflict (``TopologyError``).
+UNAVAILABLE = frozenset({541})
 
 
 #: Arguments a quorum queue declared before we set its delivery limit lacks.

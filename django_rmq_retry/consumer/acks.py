@@ -19,6 +19,14 @@ turns what settled since the last :meth:`AckBook.flush` into the fewest frames t
 
 A book belongs to one channel: delivery tags start over on a new channel, so a new channel
 gets a new book, and a tag of a closed channel is never answered on its successor.
+
+A tag the broker *took back* without closing the channel (RabbitMQ 4.3's quorum consumer
+timeout: it cancels the consumer and delivers the message again, on the same channel) is
+never answered: an ack of it is accepted silently and puts the cancelled consumer back to
+work, so the broker sends it deliveries no callback receives, stuck until they time out
+too. :meth:`AckBook.stand_in` names the delivery that stands in for it: what settles the
+taken-back tag settles the stand-in, and the taken-back tag stays open (never covered by
+a multiple ack) for as long as the channel lives.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-OPEN, ACK, REQUEUE, DROP = 0, 1, 2, 3
+OPEN, ACK, REQUEUE, DROP, TAKEN_BACK = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,7 @@ class AckBook:
     :meth:`ack` or :meth:`nack` once it settles, and send what :meth:`flush` returns.
     """
 
-    __slots__ = ("_order", "_settled", "_state")
+    __slots__ = ("_instead", "_order", "_settled", "_state")
 
     def __init__(self) -> None:
         #: Every delivery not answered yet (open, or settled since the last flush).
@@ -55,6 +63,8 @@ class AckBook:
         self._order: deque[int] = deque()
         #: Tags settled since the last flush, in the order they settled.
         self._settled: list[int] = []
+        #: A taken-back tag -> the delivery that settles in its place (``stand_in``).
+        self._instead: dict[int, int] = {}
 
     def __len__(self) -> int:
         """Deliveries not answered yet: open ones and those settled since the last flush."""
@@ -82,7 +92,25 @@ class AckBook:
         queue's dead-lettering applies). False as for :meth:`ack`."""
         return self._settle(tag, REQUEUE if requeue else DROP)
 
+    def stand_in(self, taken_back: int, live: int) -> None:
+        """The broker took ``taken_back`` back and delivered its message again as ``live``
+        (see the module docstring): settling ``taken_back`` settles ``live`` from now on,
+        and ``taken_back`` (like a stand-in it replaced) is never answered."""
+        previous = self._instead.get(taken_back)
+        for tag in (taken_back, previous):
+            if tag is not None and self._state.get(tag) == OPEN:
+                self._state[tag] = TAKEN_BACK
+        self._instead[taken_back] = live
+
+    def take_back(self, tag: int) -> None:
+        """The broker took ``tag`` back and its stand-in (if any) settles on its own:
+        settling ``tag`` sends nothing, ever."""
+        self._instead.pop(tag, None)
+        if self._state.get(tag) == OPEN:
+            self._state[tag] = TAKEN_BACK
+
     def _settle(self, tag: int, outcome: int) -> bool:
+        tag = self._instead.pop(tag, tag)
         if self._state.get(tag) != OPEN:
             return False
         self._state[tag] = outcome

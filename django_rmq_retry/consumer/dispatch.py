@@ -39,6 +39,7 @@ from .dependency_consumers import DependencyConsumers
 from .handler import Handler
 from .housekeeper import Housekeeper
 from .notifier import Notifier
+from .overruns import Cancels, Overruns
 from .park_writer import ParkWriter
 from .pool import CANCELLED, HAND_BACK_SHARE, RUNNING, DaemonPool, HandBack, Job
 from .settle import Settler
@@ -60,7 +61,7 @@ class Stats:
         return self.handled + self.retried + self.parked
 
 
-class Dispatcher(Settler):
+class Dispatcher(Settler, Cancels):
     """Consume the given receivers' queues until stopped (or a bounded run ends).
 
     The part of a consumer every engine shares; an engine adds ``run()`` and the broker
@@ -115,6 +116,8 @@ class Dispatcher(Settler):
             broker_counts=str(app_settings.QUEUE_TYPE) == "quorum",
         )
         self._limits = limits
+        #: Messages whose run goes on: a delivery of one never runs beside it (overruns).
+        self._overruns = Overruns(limits.key, int(app_settings.DELIVERY_LIMIT))
         self._notifier = Notifier()
         self.handler = Handler(
             self.names,
@@ -211,6 +214,7 @@ class Dispatcher(Settler):
         """A new connection: what the one before held is forgotten."""
         self._generation += 1
         self._acks = AckBook()  # delivery tags start over on a new channel
+        self._overruns.new_channel(self._generation)
         self._spares.reset()
         with self._parking_lock:
             self._parking.clear()  # the old connection's rows are no longer counted
@@ -220,7 +224,7 @@ class Dispatcher(Settler):
     def _start_consuming(self, channel: Any, plan: Any, url: str) -> None:
         """The consume channel is open: consume every queue of ours on it."""
         channel.qos(self.prefetch)
-        channel.on_cancelled(self._cancelled.append)
+        channel.on_cancelled(self._broker_cancelled)
         broker.log_features()  # once per process: whether the header guard is on
         self._channel = channel
         self._queue_by_tag = {}
@@ -240,7 +244,11 @@ class Dispatcher(Settler):
         )
 
     def _consume(self, queue_name: str) -> None:
-        tag = self._channel.consume(queue_name, self._on_message(queue_name, self._generation))
+        consumer: list[str] = []  # its tag, for its deliveries (known once consume returns)
+        tag = self._channel.consume(
+            queue_name, self._on_message(queue_name, self._generation, consumer)
+        )
+        consumer.append(tag)
         self._queue_by_tag[tag] = queue_name
 
     # The breakers' consumers (``dependency_consumers.Consumers``) ---------------------------
@@ -385,7 +393,9 @@ class Dispatcher(Settler):
         )
 
     # Deliveries (connection thread) ---------------------------------------------------------
-    def _on_message(self, queue_name: str, generation: int) -> broker.connection.OnMessage:
+    def _on_message(
+        self, queue_name: str, generation: int, consumer: list[str] | None = None
+    ) -> broker.connection.OnMessage:
         receiver = self._by_queue.get(queue_name)
 
         def on_message(
@@ -420,8 +430,7 @@ class Dispatcher(Settler):
                     generation,
                 )
             )
-            self._inflight[tag] = job
-            self._pool.submit(job)
+            self._admit(job, consumer[0] if consumer else "")  # (overruns)
 
         return on_message
 
@@ -440,6 +449,7 @@ class Dispatcher(Settler):
         a connection gone, or is a row to park (that goes to the parking thread now)."""
         if job.state is CANCELLED:
             return False
+        self._run_ended(job)  # deliveries that waited for its run go now (overruns)
         delivery = job.delivery
         if self._connection is None or delivery.generation != self._generation:
             return False
