@@ -11,6 +11,8 @@ from .breaker_models import DependencyEvent as DependencyEvent
 from .breaker_models import DependencyFailure as DependencyFailure
 from .core.backoff import Policy, policy_errors
 from .core.outcome import ParkReason
+from .ordering_models import HeldMessage as HeldMessage  # per-key order's tables, found here
+from .ordering_models import KeyHold as KeyHold
 
 #: What operators read for each of the core's park reasons. The values live in
 #: ``outcome.ParkReason`` only (the core stays free of Django); a reason added there

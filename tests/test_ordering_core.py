@@ -108,6 +108,8 @@ def test_a_copy_whose_row_is_gone_ran_before() -> None:
     assert on_arrival(None, Incoming("m2", row=10, row_held=False)) is Arrival.DUPLICATE
     hold = Hold("m5", HoldState.RETRYING)
     assert on_arrival(hold, Incoming("m2", row=10, row_held=False)) is Arrival.DUPLICATE
+    # the blocker's retry copy still carries the row header of the copy it was
+    assert on_arrival(Hold("m2", HoldState.RETRYING), Incoming("m2", row=10)) is Arrival.RUN
     # a released copy meeting a new blocker waits again, keeping its row
     assert on_arrival(hold, Incoming("m2", row=10, row_held=True)) is Arrival.KEEP
 

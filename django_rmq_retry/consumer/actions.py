@@ -37,7 +37,7 @@ class Delivery:
 class Ack:
     """Done with it: the receiver returned, or (``kind="parked"``) its row is committed."""
 
-    kind: str = "handled"  # or "parked": what the stats count it as
+    kind: str = "handled"  # or "parked" ("held": a gate set it aside): what stats count
     start_key: str | None = None  # the delivery-limit row to delete once the ack is sent
 
 

@@ -60,12 +60,12 @@ from django.utils.module_loading import import_string
 
 from ..core.delays import DelayLevels, epoch_us, route
 from ..core.envelope import Envelope
-from ..core.gate_outcome import GateOutcome, GiveBack, Hold, Proceed, hold_properties
+from ..core.gate_outcome import GateOutcome, GiveBack, Hold, Proceed, Settled, hold_properties
 from ..core.logfields import fields
 from ..core.names import Names
 from ..core.outcome import Park
 from ..registry import Receiver
-from .actions import Action, Delivery, PublishHold, Release, StorePark
+from .actions import Ack, Action, Delivery, PublishHold, Release, StorePark
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -74,6 +74,7 @@ logger = logging.getLogger("django_rmq_retry.consumer")
 GATES: list[str] = [
     "django_rmq_retry.consumer.schema_gate.SchemaGate",
     "django_rmq_retry.consumer.dependency_gate.DependencyGate",
+    "django_rmq_retry.consumer.ordering_gate.OrderingGate",
 ]
 
 
@@ -129,7 +130,7 @@ class Pipeline:
 
     def run(
         self, d: Delivery, rec: Receiver, env: Envelope, body: Any
-    ) -> Arrival | Park | Hold | GiveBack:
+    ) -> Arrival | Park | Hold | GiveBack | Settled:
         """Ask each gate in turn: the :class:`Arrival` to run, or the outcome that stops it."""
         arrival = Arrival(d, rec, env, body)
         for gate in self.gates:
@@ -155,7 +156,7 @@ class Pipeline:
 
     def action(
         self,
-        outcome: Park | Hold | GiveBack,
+        outcome: Park | Hold | GiveBack | Settled,
         d: Delivery,
         rec: Receiver,
         env: Envelope,
@@ -166,6 +167,15 @@ class Pipeline:
         if isinstance(outcome, Park):
             return park(d, rec.name, env, outcome, start_key=start_key)
         extra = fields(rec.name, d.queue, d.properties, env.attempt)
+        if isinstance(outcome, Settled):  # the gate committed its own row: ack
+            logger.info(
+                "%s: message %s: %s",
+                rec.name,
+                d.properties.get("message_id"),
+                outcome.cause,
+                extra=extra,
+            )
+            return Ack(kind="held", start_key=start_key)
         if isinstance(outcome, GiveBack):
             logger.info(
                 "%s: message %s goes back to its queue in %.2fs: %s",

@@ -14,6 +14,8 @@ to publish, a delivery to give back), so a gate never touches a broker or a row.
   original is acked once the broker confirmed the copy). Nothing is counted.
 - :class:`GiveBack`: return the delivery to the head of its queue, unacked, after ``wait``
   seconds, without counting an attempt or a delivery start.
+- :class:`Settled`: the gate took the message over and committed what replaces it (per-key
+  order sets it aside behind its key's blocker): ack it; the receiver does not run.
 """
 
 from __future__ import annotations
@@ -73,7 +75,19 @@ class GiveBack:
             object.__setattr__(self, "wait", MIN_GIVE_BACK_WAIT)
 
 
-GateOutcome = Proceed | Park | Hold | GiveBack
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The gate has taken the message over: ack it without running the receiver, nothing
+    counted. At-least-once: a gate answers this only once what replaces the delivery is
+    committed (a row of its own), so a crash before the ack only delivers it again.
+
+    ``cause`` is logged (e.g. ``"set aside behind message 7 of key 'order-7'"``).
+    """
+
+    cause: str
+
+
+GateOutcome = Proceed | Park | Hold | GiveBack | Settled
 """What a gate may answer (``None`` too: nothing to say)."""
 
 

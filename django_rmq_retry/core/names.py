@@ -107,6 +107,7 @@ OUR_HEADERS: dict[str, str] = {
     "original-routing-key": "The routing key it was first published with.",
     "original-expiration": "The sender's expiration property, kept aside: a TTL would cut a delay short.",
     "original-user-id": "The sender's user_id property, kept aside: the broker checks it against the login.",
+    "held": "Per-key order: the set-aside row a released copy was published from.",
     "partition:<queue>": (
         "For an ordered receiver (its queue named after the colon): the partition of the "
         "message's ordering key, set by the publisher."

@@ -18,6 +18,7 @@ already queued under the old count keep their place, so change it only with drai
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,6 +72,16 @@ def check_key(value: Any, where: str) -> str:
     return value
 
 
+def message_identity(message_id: object, routing_key: str, body: bytes) -> str:
+    """Which message a hold waits for: its message id, or without one (or one too long for
+    the column) a digest of its routing key and body. A retry copy and a requeued copy keep
+    both, so they are the same message as the one that failed."""
+    if isinstance(message_id, str) and message_id and len(message_id) <= 200:
+        return message_id
+    digest = hashlib.sha256(routing_key.encode("utf-8", "surrogatepass") + b"\0" + body)
+    return "sha256:" + digest.hexdigest()
+
+
 # The hold --------------------------------------------------------------------------------
 class HoldState(str, Enum):
     """Why a key is held (one row per held key in the database)."""
@@ -122,6 +133,11 @@ class Arrival(str, Enum):
 def on_arrival(hold: Hold | None, incoming: Incoming) -> Arrival:
     """Whether a message runs now (module doc). Set-aside rows keep their place: a copy
     released from one that must wait again keeps its row, so nothing behind it overtakes."""
+    blocking = hold is not None and hold.state is not HoldState.RELEASING
+    if blocking and hold is not None and incoming.message == hold.blocker:
+        # its retry copy (which keeps a released copy's row header: that row went when
+        # the copy became the blocker)
+        return Arrival.RUN
     if incoming.row is not None and not incoming.row_held:
         return Arrival.DUPLICATE
     if hold is None:
@@ -132,8 +148,6 @@ def on_arrival(hold: Hold | None, incoming: Incoming) -> Arrival:
         if incoming.message == hold.blocker:  # the old blocker again: it ran (or parked)
             return Arrival.DUPLICATE
         return Arrival.SET_ASIDE
-    if incoming.message == hold.blocker:
-        return Arrival.RUN
     return Arrival.KEEP if incoming.row is not None else Arrival.SET_ASIDE
 
 

@@ -2,6 +2,7 @@
 (``retention``), and the row codec (``rows``). The admin and the management commands call
 these functions; neither holds logic of its own."""
 
+from . import holds  # noqa: F401  (per-key order listens for parked and discarded rows)
 from .group_counts import counts_kept, recount
 from .intake import ParkRequest, park, park_key, park_many, stripped_request
 from .queries import WordsMatch, distinct_values

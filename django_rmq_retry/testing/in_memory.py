@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.test import TestCase
 
-from ..conf import app_settings, current_levels, current_names, current_plan
+from ..conf import app_settings, current_levels, current_names, current_plan, ordering_partitions
 from ..consumer.actions import (
     Ack,
     Action,
@@ -42,6 +42,7 @@ from ..consumer.handler import Handler
 from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
 from ..core.envelope import read_incoming
+from ..core.topology_plan import receiver_queues
 from ..outbox import publish_all, rows_written
 from ..publishing.per_thread import install
 from ..publishing.publisher import Publisher
@@ -63,7 +64,8 @@ class ReceiverRun:
     attempt: int
     #: "handled", "retried", "parked", "released" (given back to its queue), or what a gate
     #: (``consumer.gates``) decided before the receiver ran: "held" (a copy waits in the
-    #: delay levels) or "given_back" (back to its queue after a wait, nothing counted).
+    #: delay levels), "given_back" (back to its queue after a wait, nothing counted) or
+    #: "set_aside" (per-key order: behind its key's blocker, in the database).
     outcome: str
     at: float  # virtual seconds since the broker started
     delay: float | None = None  # retried: seconds until the next attempt
@@ -105,8 +107,9 @@ class InMemoryBroker:
             clock=lambda: self.now,
             rng=random.Random(seed),
         )
+        partitions = ordering_partitions()  # an ordered receiver reads its partition queues
         self._by_queue: dict[str, Receiver | None] = {
-            r.queue_name(self.names.prefix): r for r in self.receivers
+            q: r for r in self.receivers for q in receiver_queues(r, self.names.prefix, partitions)
         }
         self._by_queue[self.names.orphan_queue] = None
         #: Dependency breakers: a queue whose breaker is open is not consumed (``breakers``).
@@ -254,7 +257,7 @@ class InMemoryBroker:
         """Carry out ``action`` as the real consumer's loop does; returns the outcome."""
         if isinstance(action, Ack):
             self._limits.forget([action.start_key])  # settled: stop counting its give-backs
-            return "handled"
+            return "set_aside" if action.kind == "held" else "handled"
         if isinstance(action, PublishRetry):
             if self.model.publish(
                 action.exchange, action.routing_key, action.body, action.properties

@@ -1,0 +1,170 @@
+"""The per-key order gate: "is this key held?" (``core.ordering``, ``parking.holds``).
+
+For a receiver declared with ``ordering_key=``, before it runs: read the message's key and
+the key's hold. A free key runs. A key held by another message sets this one aside behind
+it (a row, committed, then the delivery is acked: ``Settled``); other keys of the same
+partition go on. After the receiver ran (:meth:`OrderingGate.after`): a failure holds the
+key behind this message (its retry copy, or its parking, follows); the blocker's success
+releases the messages set aside, in order. A message whose key cannot be read is parked
+with the reason.
+
+The gate runs on the single receiver thread of a consumer (check E031), and each partition
+has one active consumer, so the transitions of one key happen one at a time; the
+database's locks cover an operator's discard and a consumer that took over a partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..core.gate_outcome import GateOutcome, Settled
+from ..core.message import Message
+from ..core.ordering import Arrival as Verdict
+from ..core.ordering import (
+    Incoming,
+    OrderingKeyError,
+    Step,
+    after_attempt,
+    held_reason,
+    message_identity,
+    on_arrival,
+)
+from ..core.outcome import Park, ParkReason
+from ..parking import holds
+from ..registry import Receiver
+from .actions import Delivery
+from .gates import Arrival, GateContext
+
+logger = logging.getLogger("django_rmq_retry.ordering")
+
+#: Seconds a hold may stay releasing with no progress before its rows are published again
+#: (their copies were lost: a process died between its commit and its publish).
+RELEASE_STALL_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the check read, for :meth:`OrderingGate.after` (same thread, same delivery)."""
+
+    delivery: Delivery
+    key: str
+    incoming: Incoming
+    found: holds.Found
+
+
+class OrderingGate:
+    """See the module docstring."""
+
+    def __init__(self, context: GateContext) -> None:
+        self.names = context.names
+        self._held_header = context.names.header(holds.HELD_HEADER)
+        self._local = threading.local()
+        self._next_sweep = 0.0
+        holds.connect()
+
+    def check(self, arrival: Arrival) -> GateOutcome | None:
+        rec = arrival.receiver
+        if rec.ordering_key is None:
+            return None
+        self._sweep()
+        d, env = arrival.delivery, arrival.envelope
+        try:
+            key = rec.key_of(_message(arrival))
+        except OrderingKeyError as exc:
+            return Park(ParkReason.NON_RETRYABLE, f"no ordering key: {exc}")
+        headers = d.properties.get("headers") or {}
+        row = headers.get(self._held_header)
+        row = row if isinstance(row, int) and not isinstance(row, bool) else None
+        ident = message_identity(d.properties.get("message_id"), env.routing_key, d.body)
+        found = holds.read(rec.name, key, row)
+        incoming = Incoming(ident, row, found.row_held)
+        self._local.seen = _Seen(d, key, incoming, found)
+        verdict = on_arrival(found.hold, incoming)
+        if verdict is Verdict.RUN:
+            return None
+        hold = found.hold
+        assert hold is not None or verdict is Verdict.DUPLICATE
+        if verdict is Verdict.DUPLICATE:
+            return Settled(f"ran before (key {key!r}): acked, not run again")
+        assert hold is not None and found.pk is not None
+        why = held_reason(hold.blocker, key, hold.state)
+        if verdict is Verdict.KEEP:
+            return Settled(f"waits again in its place: {why}")
+        holds.set_aside(
+            found.pk,
+            body=d.body,
+            properties=d.properties,
+            exchange=env.exchange,
+            routing_key=env.routing_key,
+        )
+        return Settled(f"set aside: {why}")
+
+    def after(self, d: Delivery, rec: Receiver, error: BaseException | None) -> None:
+        """The receiver ran: take, keep or release the key (never changes the action)."""
+        if rec.ordering_key is None:
+            return None
+        seen: _Seen | None = getattr(self._local, "seen", None)
+        self._local.seen = None
+        if seen is None or seen.delivery is not d:
+            return None
+        found = seen.found
+        step = after_attempt(found.hold, seen.incoming, failed=error is not None)
+        try:
+            if step is Step.HOLD:
+                holds.take(rec.name, seen.key, d.queue, seen.incoming.message)
+            elif step is Step.BLOCK:
+                assert found.pk is not None and seen.incoming.row is not None
+                holds.block_on_row(found.pk, seen.incoming.row, seen.incoming.message)
+            elif step is Step.ROW_DONE:
+                assert found.pk is not None and seen.incoming.row is not None
+                holds.row_done(found.pk, seen.incoming.row)
+            elif step is Step.RELEASE:
+                assert found.pk is not None
+                holds.release(found.pk)
+        except Exception:
+            if step is Step.HOLD:
+                raise  # nothing may run past this failure: give the delivery back
+            # A release that did not publish leaves the hold releasing: the sweep publishes
+            # its rows again (RELEASE_STALL_SECONDS); the receiver's work stands.
+            logger.exception(
+                "%s: releasing key %r failed; the sweep will retry", rec.name, seen.key
+            )
+        return None
+
+    def _sweep(self) -> None:
+        """Now and then (on this thread): publish again the rows of stalled releases."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + RELEASE_STALL_SECONDS / 2
+        try:
+            holds.release_stalled(RELEASE_STALL_SECONDS)
+        except Exception:
+            logger.exception("publishing the rows of stalled releases failed")
+
+
+def _message(arrival: Arrival) -> Message:
+    """The message as the receiver will get it, for its ``ordering_key`` callable."""
+    d, env = arrival.delivery, arrival.envelope
+    return Message(
+        body=arrival.body,
+        raw=d.body,
+        headers=dict(d.properties.get("headers") or {}),
+        routing_key=env.routing_key,
+        exchange=env.exchange,
+        queue=d.queue,
+        receiver=arrival.receiver.name,
+        message_id=d.properties.get("message_id"),
+        correlation_id=d.properties.get("correlation_id"),
+        content_type=d.properties.get("content_type"),
+        timestamp=None,
+        attempt=env.attempt,
+        redelivered=d.redelivered,
+        properties=d.properties,
+    )
+
+
+__all__ = ["RELEASE_STALL_SECONDS", "OrderingGate"]
