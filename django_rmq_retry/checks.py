@@ -89,6 +89,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_alerts(),
         *_ordering(),
         *_dependencies(),
+        *_binding_keys(),
+    ]
+
+
+def _binding_keys() -> Messages:
+    """Every topic key a receiver binds: RabbitMQ 4.3.5+ refuses more than two ``#``."""
+    from .core.broker_rules import MAX_HASHES, too_many_hashes
+    from .registry import default_registry
+
+    return [
+        _err(
+            50,
+            f"Receiver {rec.name} binds {key!r}: RabbitMQ 4.3.5 and later refuse a binding "
+            f"key with more than {MAX_HASHES} '#' wildcards (the declare fails).",
+            "Use at most two '#' (a '*' matches one word), or bind several keys.",
+        )
+        for rec in default_registry.all()
+        for key in too_many_hashes(rec.routing_keys)
     ]
 
 
