@@ -24,6 +24,7 @@ PARK_REASON_LABELS = {
     ParkReason.UNDECODABLE: _("Undecodable body"),
     ParkReason.DELIVERY_LIMIT: _("Delivery limit (consumer kept dying)"),
     ParkReason.ORPHANED: _("Receiver queue missing"),
+    ParkReason.INVALID: _("Invalid (does not fit its schema)"),
 }
 PARK_REASON_CHOICES = [(reason.value, PARK_REASON_LABELS[reason]) for reason in ParkReason]
 
@@ -85,6 +86,12 @@ class ParkedMessage(models.Model):
     status_changed_by = models.CharField(_("changed by"), max_length=150, blank=True)
     requeue_count = models.PositiveIntegerField(_("times requeued"), default=0)
     history = models.JSONField(_("history"), default=list, blank=True)
+    field_errors = models.JSONField(
+        _("field errors"),
+        null=True,
+        blank=True,
+        help_text=_('An invalid body\'s failing fields: [{"loc": [...], "msg": ...}].'),
+    )
 
     class Meta:
         verbose_name = _("parked message")

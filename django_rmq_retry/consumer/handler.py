@@ -44,6 +44,7 @@ from .delivery_limit import DeliveryLimit
 from .gates import Arrival, Gate, Pipeline
 from .inbox import message_key, run_once
 from .parks import Encoded, Parks, receiver_for_queue
+from .schema_gate import undecodable_as_invalid
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -159,6 +160,7 @@ class Handler:
         if isinstance(verdict, Park):
             if env.undecodable is not None:
                 d = replace(d, properties=without_headers(d.properties))
+            verdict = undecodable_as_invalid(verdict, rec, env)  # a typed receiver's: invalid
             return self.parks.park(d, rec.name, env, verdict, start_key=start_key)
         passed = self.gates.run(d, rec, env, verdict.body)
         if not isinstance(passed, Arrival):  # a gate parks, holds or gives it back

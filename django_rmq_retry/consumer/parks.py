@@ -115,6 +115,7 @@ class Parks:
             attempt_record=(
                 self.attempt_record(env, exc, now, took_ms, None) if exc is not None else ""
             ),
+            field_errors=decision.field_errors,
         )
         log_line = (
             f"parked {receiver} message {d.properties.get('message_id')} after {env.attempt} "

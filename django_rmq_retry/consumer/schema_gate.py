@@ -1,12 +1,21 @@
 """The first gate (``consumer.gates``): a typed receiver's body validated into its schema.
 
-A receiver with a schema gets the body as an instance of it (``message.data``); a body that
-does not fit is parked at once, reason *invalid*, never retried.
+A receiver with a schema (its own, ``@receiver(..., schema=)``, else its topic's) gets the
+body as an instance of it (``message.data``). Before validation, a body of an older
+``schema_version`` is upcast to the topic's (``schemas.upcasting``). A body that does not
+fit is parked at once, reason *invalid*, its failing fields on the row: before the
+receiver runs, before any transaction, at its first delivery, never retried, and never
+counted as a failure of anything (a dependency's breaker comes after this gate).
 """
 
 from __future__ import annotations
 
-from ..core.gate_outcome import GateOutcome
+from ..core.envelope import Envelope
+from ..core.errors import ValidationError
+from ..core.gate_outcome import GateOutcome, Proceed
+from ..core.outcome import Park, ParkReason
+from ..registry import Receiver
+from ..schemas import schema_of, validate_for
 from .gates import Arrival, GateContext
 
 
@@ -17,6 +26,25 @@ class SchemaGate:
         self.context = context
 
     def check(self, arrival: Arrival) -> GateOutcome | None:
-        if getattr(arrival.receiver, "schema", None) is None:
+        rec, routing_key = arrival.receiver, arrival.envelope.routing_key
+        if schema_of(rec, routing_key) is None:  # most receivers: nothing to say
             return None
-        return None
+        headers = arrival.delivery.properties.get("headers")
+        try:
+            data = validate_for(rec, routing_key, headers, arrival.body)
+        except ValidationError as exc:
+            return Park(ParkReason.INVALID, str(exc), field_errors=exc.errors)
+        return None if data is None else Proceed(data)
+
+
+def undecodable_as_invalid(verdict: Park, rec: Receiver, env: Envelope) -> Park:
+    """A typed receiver's body that does not even decode (not JSON) is *invalid* too, the
+    decoder's complaint as its field error; an untyped receiver's stays *undecodable*, and
+    so does a header table nobody could read."""
+    if verdict.reason is not ParkReason.UNDECODABLE or env.undecodable is not None:
+        return verdict
+    schema = schema_of(rec, env.routing_key)
+    if schema is None:
+        return verdict
+    errors = [{"loc": [], "msg": verdict.detail}]
+    return Park(ParkReason.INVALID, str(ValidationError(errors, schema.__name__)), errors)

@@ -23,6 +23,7 @@ class ParkReason(str, Enum):
     UNDECODABLE = "undecodable"
     DELIVERY_LIMIT = "delivery_limit"
     ORPHANED = "orphaned"
+    INVALID = "invalid"  # the body does not fit its schema (``consumer.schema_gate``)
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class RetryLater:
 
 @dataclass(frozen=True)
 class Park:
-    """Write the message to the parked table, then ack."""
+    """Write the message to the parked table, then ack.
+
+    ``field_errors``: an invalid body's failing fields (``[{"loc": [...], "msg": ...}]``).
+    """
 
     reason: ParkReason
     detail: str
+    field_errors: list[dict[str, Any]] | None = None
 
 
 Decision = RetryLater | Park

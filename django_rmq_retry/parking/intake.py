@@ -54,6 +54,8 @@ class ParkRequest:
     last_failure_at: datetime | None = None
     #: The parking attempt for the row's history (``core.history.record``), if it ran.
     attempt_record: str = ""
+    #: An invalid body's failing fields (``[{"loc": [...], "msg": ...}]``), else ``None``.
+    field_errors: list[dict[str, Any]] | None = None
 
 
 def park_key(req: ParkRequest, names: Names) -> str:
@@ -134,6 +136,7 @@ def _prepare(req: ParkRequest, names: Names) -> _Prepared:
         "first_failure_at": _db_time(req.first_failure_at),
         "last_failure_at": _db_time(req.last_failure_at),
         "parked_at": now,
+        "field_errors": req.field_errors,
     }
     env = _envelope(req, names)
     operation = headers.get(names.header("operation")) if env.parked_id else None

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ..core.errors import ValidationError
 
-__all__ = ["Adapter", "ValidationError", "adapter_for", "is_schema"]
+__all__ = ["Adapter", "ValidationError", "adapter_for", "is_schema", "schema_of", "target_version"]
 
 
 class Adapter(Protocol):
@@ -86,3 +86,39 @@ def adapter_for(schema: Any) -> Adapter:
     adapter = made(schema)
     with _lock:
         return _adapters.setdefault(schema, adapter)
+
+
+def schema_of(receiver: Any, routing_key: str) -> Any:
+    """The schema a receiver's messages of ``routing_key`` must fit: its own
+    (``@receiver(..., schema=)``), else its topic's; ``None``: untyped."""
+    own = getattr(receiver, "schema", None)
+    if own is not None:
+        return own
+    return getattr(receiver.topic_for(routing_key), "schema", None)
+
+
+def target_version(receiver: Any, routing_key: str) -> int:
+    """The ``schema_version`` a receiver's messages of ``routing_key`` are validated at."""
+    return int(getattr(receiver.topic_for(routing_key), "schema_version", 1))
+
+
+def validate_for(receiver: Any, routing_key: str, headers: Any, body: Any) -> Any:
+    """``body`` (decoded) as the instance ``receiver`` gets for it: upcast from the version
+    its ``headers`` say to the topic's, then validated; ``None`` when the receiver is
+    untyped. ``ValidationError`` names what does not fit (the consumer's gate and the
+    admin's edit page both call this)."""
+    from .upcasting import upcast, version_of
+
+    schema = schema_of(receiver, routing_key)
+    if schema is None:
+        return None
+    try:
+        target = target_version(receiver, routing_key)
+        version = version_of(headers)
+        if version != target:
+            body = upcast(routing_key, version, target, body)
+        return adapter_for(schema).validate(body)
+    except ValidationError as exc:
+        if exc.schema:
+            raise
+        raise ValidationError(exc.errors, schema.__name__) from None
