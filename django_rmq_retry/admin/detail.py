@@ -89,6 +89,21 @@ class DetailMixin(admin.ModelAdmin):
     def error_message_display(self, obj: ParkedMessage) -> SafeString:
         return format_html('<pre class="rmq-pre">{}</pre>', obj.error_message)
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The field errors' row only on a row that has them (an invalid body's)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.field_errors:
+            return fieldsets
+        return [
+            (name, {**opts, "fields": [f for f in opts["fields"] if f != "field_errors_display"]})
+            for name, opts in fieldsets
+        ]
+
+    @admin.display(description=_("field errors"))
+    def field_errors_display(self, obj: ParkedMessage) -> SafeString | str:
+        """An invalid body's failing fields (``schemas``), one row each."""
+        return field_errors_table(obj.field_errors)
+
     @admin.display(description=_("traceback"))
     def traceback_display(self, obj: ParkedMessage) -> SafeString:
         return format_html('<pre class="rmq-pre">{}</pre>', obj.traceback or "—")
@@ -225,3 +240,28 @@ def _aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=dt_timezone.utc)
     return value
+
+
+def field_errors_table(errors: Any) -> SafeString | str:
+    """``[{"loc": [...], "msg": ...}]`` as a table (the detail page, the edit page)."""
+    if not errors or not isinstance(errors, list):
+        return "—"
+    rows = format_html_join(
+        "",
+        "<tr><td><code>{}</code></td><td>{}</td></tr>",
+        (
+            (
+                ".".join(str(p) for p in (e.get("loc") or [])) or _("(the whole body)"),
+                e.get("msg", ""),
+            )
+            for e in errors
+            if isinstance(e, dict)
+        ),
+    )
+    return format_html(
+        '<table class="rmq-field-errors"><thead><tr><th>{}</th><th>{}</th></tr></thead>'
+        "<tbody>{}</tbody></table>",
+        _("field"),
+        _("what is wrong"),
+        rows,
+    )

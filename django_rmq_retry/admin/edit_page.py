@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import ParkedMessage
 from ..parking import edit
 from .common import _outside_request_transactions
+from .detail import field_errors_table
 
 
 class EditMixin(admin.ModelAdmin):
@@ -45,6 +46,7 @@ class EditMixin(admin.ModelAdmin):
         )
         accept = request.POST.get("accept_bytes") == "on"
         error = ""
+        field_errors: Any = None
         prepared: edit.Edit | None = None
         refused = edit.edit_waiting(row)
         if refused:
@@ -54,6 +56,8 @@ class EditMixin(admin.ModelAdmin):
                 prepared = edit.prepare(row, body, headers, accept_bytes=accept)
             except edit.EditError as exc:
                 error = str(exc)
+                if exc.field_errors:  # a typed message's: each failing field, by the JSON
+                    field_errors = field_errors_table(exc.field_errors)
             if prepared is not None and not prepared.changed:
                 error = str(_("Nothing changed: use Requeue to send the message as it is."))
             if prepared is not None and not error and "confirm" in request.POST:
@@ -68,6 +72,7 @@ class EditMixin(admin.ModelAdmin):
             "headers": headers,
             "accept_bytes": accept,
             "error": error,
+            "field_errors": field_errors if error else None,
             "edit": None if error else prepared,
             "change_url": change_url,
         }

@@ -92,6 +92,7 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, EditMixin, OperationsMixi
                 "fields": (
                     ("status", "reason"),
                     "reason_detail",
+                    "field_errors_display",
                     "error_type_detail",
                     "error_message_display",
                     "fingerprint",
@@ -118,6 +119,7 @@ class ParkedMessageAdmin(ChangelistMixin, DetailMixin, EditMixin, OperationsMixi
         "status",
         "reason",
         "reason_detail",
+        "field_errors_display",
         "error_type_detail",
         "error_message_display",
         "fingerprint",

@@ -22,14 +22,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import app_settings, current_names
+from ..core.errors import ValidationError
 from ..models import ParkedMessage, ParkedStatus, RequeueOperation
+from ..registry import default_registry
+from ..schemas import validate_for
 from . import operations
 
 JSON, TEXT, BYTES = "json", "text", "bytes"
 
 
 class EditError(ValueError):
-    """The edit cannot be sent; the message says why, for the operator."""
+    """The edit cannot be sent; the message says why, for the operator. An edit of a typed
+    message that does not fit its schema names each failing field in ``field_errors``
+    (``[{"loc": [...], "msg": ...}]``), shown next to the JSON."""
+
+    def __init__(self, message: str, field_errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.field_errors = field_errors or []
 
 
 @dataclass(frozen=True)
@@ -108,9 +117,10 @@ def prepare(row: ParkedMessage, body: str, headers: str, *, accept_bytes: bool =
     else:
         if form.kind == JSON:
             try:
-                json.loads(body)
+                decoded = json.loads(body)
             except ValueError as exc:
                 raise EditError(f"The body is not valid JSON: {exc}") from None
+            _check_schema(row, decoded, headers)
         try:
             new_body = body.encode(form.charset)
         except (UnicodeEncodeError, LookupError) as exc:
@@ -136,6 +146,30 @@ def prepare(row: ParkedMessage, body: str, headers: str, *, accept_bytes: bool =
         "headers", _pretty(form.headers), _pretty(new_headers)
     )
     return Edit(new_body, new_headers, diff, warnings)
+
+
+def _check_schema(row: ParkedMessage, body: Any, headers: str) -> None:
+    """A typed message's edit must fit the schema its receiver validates with (after the
+    upcasters of the version its edited headers say): the consumer would park it as
+    *invalid* otherwise. Untyped receivers, and receivers this process does not know,
+    are not checked."""
+    rec = default_registry.get(row.receiver)
+    if rec is None:
+        return
+    try:
+        new_headers = json.loads(headers or "{}")
+    except ValueError:
+        new_headers = {}  # (said once the headers are read below)
+    try:
+        validate_for(
+            rec, row.routing_key, new_headers if isinstance(new_headers, dict) else {}, body
+        )
+    except ValidationError as exc:
+        raise EditError(
+            f"The edited body does not fit {exc.schema or 'its schema'}, the receiver's "
+            "schema: it would be parked again as invalid.",
+            exc.errors,
+        ) from None
 
 
 def _pretty(value: Any) -> str:
