@@ -100,3 +100,45 @@ def test_a_failure_that_is_not_listed_follows_the_retry_policy(payments, registr
         broker.run_until_idle()
     assert ParkedMessage.objects.count() == 5
     assert state.read("payments").state is State.CLOSED
+
+
+@pytest.mark.django_db
+def test_on_close_what_the_outage_parked_is_replayed_by_the_breaker(payments, registry_snapshot):
+    from django_rmq_retry.breakers.replay import started_by
+    from django_rmq_retry.models import ParkedStatus, RequeueOperation
+    from django_rmq_retry.parking import operations
+
+    broker: InMemoryBroker
+
+    @receiver(charged, depends_on="payments", retry={"max_attempts": 1})
+    def charge(message, **kwargs):
+        if broker.elapsed < DOWN_FOR:
+            raise ConnectionError("payments is down")
+
+    @receiver(mailed, retry={"max_attempts": 1})
+    def mail(message, **kwargs):
+        raise ConnectionError("not a dependent receiver: never replayed by the breaker")
+
+    with InMemoryBroker() as broker:
+        mailed.send({"order": 0})
+        for i in range(6):
+            charged.send({"order": i})
+        broker.run_until_idle()
+        # Two failures parked at once (max_attempts 1) before the third tripped it.
+        charge_rows = ParkedMessage.objects.filter(receiver=broker.runs_of(charge)[0].receiver)
+        assert charge_rows.filter(status=ParkedStatus.PARKED).count() == 2
+        op = RequeueOperation.objects.get()
+        assert op.created_by == started_by("payments") and op.total == 2 and op.ramp
+        assert "payments" in op.description
+        for _step in range(10):  # ramped: one copy, its outcome, then the rest
+            # The operation's steps wait real seconds: this test drives that clock too.
+            RequeueOperation.objects.filter(pk=op.pk).update(next_at=op.created_at)
+            operations.advance_due()
+            broker.run_until_idle()
+            op.refresh_from_db()
+            if op.state == "done":
+                break
+        assert op.state == "done" and op.handled == 2
+    assert charge_rows.filter(status=ParkedStatus.PARKED).count() == 0
+    assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 1  # mail's
+    assert len([r for r in broker.runs_of(charge) if r.outcome == "handled"]) == 6

@@ -37,7 +37,7 @@ from ..core.breaker import (
     tripped,
 )
 from ..models import Dependency, DependencyEvent, DependencyFailure
-from . import announce
+from . import announce, replay
 
 logger = logging.getLogger("django_rmq_retry.breakers")
 
@@ -101,7 +101,18 @@ def step(name: str, before: Breaker, after: Breaker, *, by: str, now: datetime) 
         if after.state is State.CLOSED:
             DependencyFailure.objects.filter(dependency=name).delete()  # a fresh count
     announce.transition(name, before, after, by)
+    if after.state is State.CLOSED and before.state is not State.CLOSED:
+        _replay(name)
     return True
+
+
+def _replay(name: str) -> None:
+    """Requeue what the outage parked (``replay``); a failure to start it never undoes
+    the close: it is logged, and an operator can requeue those rows from the admin."""
+    try:
+        replay.replay(name, limits_of(name))
+    except Exception:
+        logger.exception("dependency %s: could not start the replay of its parked messages", name)
 
 
 def _until_settled(
