@@ -26,15 +26,14 @@ named while it does (``watchdog``). ``async def`` receivers cannot be ``idempote
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, cast
-
-from asgiref.sync import sync_to_async
+from typing import Any
 
 from ..core.unit_threads import db_executor
 from ..db.threads import start_daemon
@@ -108,14 +107,9 @@ class AsyncPool:
     def _bind(self, loop: asyncio.AbstractEventLoop, stalls: str) -> None:
         """The loop this pool's jobs run on, with their database threads and watchdog."""
         self._loop = loop
-        self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{self._name}-db")
-        # asgiref only needs an Executor's submit(); its hints name ThreadPoolExecutor.
-        db = cast(ThreadPoolExecutor, self._db)
-        handler = self._handler
-        self._prepare = sync_to_async(db_unit(handler.prepare), thread_sensitive=False, executor=db)
-        self._conclude = sync_to_async(
-            db_unit(handler.conclude), thread_sensitive=False, executor=db
-        )
+        self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{self._name}-db", loop)
+        self._prepare = functools.partial(self._db.run, db_unit(self._handler.prepare))
+        self._conclude = functools.partial(self._db.run, db_unit(self._handler.conclude))
         self._hygiene = ConnectionHygiene(loop)
         self._watchdog = LoopWatchdog(loop, self._codes, self._name, stalls=stalls)
 

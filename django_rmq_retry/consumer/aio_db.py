@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
@@ -42,12 +43,24 @@ class DbThreads(Executor):
     Not a ``ThreadPoolExecutor``: its threads are joined at interpreter exit and never
     close their database connections; ours are daemons that close theirs when they end
     (``threads.start_daemon``).
+
+    :meth:`run` (the loop's own units: ``Handler.prepare``, ``Handler.conclude``) answers
+    in batches: a unit that ends while the loop has not yet taken the answers before it
+    joins them, so the loop wakes once per batch, not once per unit (each wake-up of a
+    loop from another thread costs a write to its self-pipe and a turn of the GIL).
+    ``submit`` (``Executor``: a receiver's own units, ``core.unit_threads``) answers each
+    through its ``concurrent.futures.Future`` as usual.
     """
 
-    def __init__(self, workers: int, name: str) -> None:
-        self._queue: SimpleQueue[tuple[Future[Any], Callable[..., Any], Any, Any] | None] = (
-            SimpleQueue()
-        )
+    def __init__(
+        self, workers: int, name: str, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        self._queue: SimpleQueue[tuple[Any, Callable[..., Any], Any, Any] | None] = SimpleQueue()
+        self._loop = loop
+        self._lock = threading.Lock()
+        #: Answers of :meth:`run` the loop has not taken yet, and whether a wake-up is due.
+        self._answers: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._waking = False
         self._threads = [start_daemon(self._work, f"{name}_{i}") for i in range(workers)]
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -55,18 +68,59 @@ class DbThreads(Executor):
         self._queue.put((future, fn, args, kwargs))
         return future
 
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """On the loop: ``fn(*args)`` on one of the threads, in a copy of this context (as
+        ``sync_to_async`` runs it); its answer comes back with the batch it ends in."""
+        assert self._loop is not None
+        future = self._loop.create_future()
+        self._queue.put((future, contextvars.copy_context().run, (fn, *args), {}))
+        return await future
+
     def _work(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
             future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
+            if isinstance(future, Future):
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
                 continue
             try:
-                future.set_result(fn(*args, **kwargs))
+                self._answer(future, fn(*args, **kwargs), None)
             except BaseException as exc:
-                future.set_exception(exc)
+                self._answer(future, None, exc)
+
+    def _answer(
+        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+    ) -> None:
+        with self._lock:
+            self._answers.append((future, result, error))
+            if self._waking:
+                return
+            self._waking = True
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody awaits these any more
+            logger.debug("database units ended after their event loop", exc_info=True)
+
+    def _deliver(self) -> None:
+        """On the loop: every answer that came in since the last wake-up."""
+        with self._lock:
+            answers, self._answers = self._answers, []
+            self._waking = False
+        for future, result, error in answers:
+            if future.done():  # its job was cancelled meanwhile
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         for _ in self._threads:
