@@ -7,7 +7,8 @@ an event loop, patched under gevent). The figure is msg/s from the first call to
 RSS (VmHWM). Configurations:
 
 - ours, threads: ``THREADS`` at its default (1) and at 50 (``--threads``);
-- ours, ``async def`` receiver: ``ASYNC_CONCURRENCY`` 50 and 200;
+- ours, ``async def`` receiver: ``ASYNC_CONCURRENCY`` 50 and 200 on the receivers' own
+  event loop (the default), and 200 on the consumer's I/O loop (``ASYNC_ON_IO_LOOP``);
 - Celery: threads pool × 50, gevent pool × 200 (``acks_late``, confirms, as in ``peers``);
 - Dramatiq: 50 worker threads, and 200 greenlets (``monkey.patch_all``, as ``dramatiq-gevent``).
 
@@ -34,6 +35,12 @@ CONFIGS: list[tuple[str, str, str, int]] = [
     ("ours-threads-50", "ours, 50 receiver threads", "threads", 50),
     ("ours-async-50", "ours, async def, ASYNC_CONCURRENCY 50", "async", 50),
     ("ours-async-200", "ours, async def, ASYNC_CONCURRENCY 200", "async", 200),
+    (
+        "ours-async-200-io",
+        "ours, async def on the I/O loop (ASYNC_ON_IO_LOOP), ASYNC_CONCURRENCY 200",
+        "async-io",
+        200,
+    ),
     ("celery-threads-50", "Celery threads pool × 50", "celery:threads", 50),
     ("celery-gevent-200", "Celery gevent pool × 200", "celery:gevent", 200),
     ("dramatiq-threads-50", "Dramatiq 50 threads", "dramatiq:threads", 50),
@@ -81,7 +88,7 @@ def io(run: Run) -> list[Row]:
 
 def _one(run: Run, peers: Any, key: str, kind: str, concurrency: int, n: int) -> Timed:
     prefetch = max(PREFETCH, concurrency)
-    if kind in ("threads", "async"):
+    if kind in ("threads", "async", "async-io"):
         short = "bench_io" if kind == "threads" else "bench_aio"
         routing_key = "bench.io" if kind == "threads" else "bench.aio"
         publish_bodies(routing_key, n)
@@ -96,6 +103,7 @@ def _one(run: Run, peers: Any, key: str, kind: str, concurrency: int, n: int) ->
             extra_args=extra,
             BENCH_ASYNC_CONCURRENCY=str(concurrency),
             BENCH_PREFETCH=str(prefetch),
+            BENCH_ASYNC_ON_IO_LOOP="1" if kind == "async-io" else "0",
         )
         ensure_empty(queue_name(short))
         return t
@@ -134,7 +142,7 @@ def _peer_consume(
 
 def _rows(results: dict[str, tuple[float, float]], n: int, with_peers: bool) -> list[Row]:
     figure = f"io. 50 ms I/O per msg, {n:,} msgs, 1 process"
-    ours_best = results.get("ours-async-200", (0.0, 0.0))[0]
+    ours_best = results.get("ours-async-200-io", (0.0, 0.0))[0]
     rows = []
     for key, label, kind, concurrency in CONFIGS:
         if key not in results:
@@ -142,10 +150,10 @@ def _rows(results: dict[str, tuple[float, float]], n: int, with_peers: bool) -> 
         rate, mb = results[key]
         ideal = concurrency / IO_SECONDS
         target, met = "", None
-        if key == "ours-async-200":
-            target, met = f"≥ 0.8 × ideal {ideal:,.0f}", rate >= 0.8 * ideal
+        if key == "ours-async-200-io":
+            target, met = f"≥ 0.9 × ideal {ideal:,.0f}", rate >= 0.9 * ideal
         elif ":" in kind:
-            target, met = "ours async 200 ≥ it", ours_best >= rate
+            target, met = "ours async 200 on the I/O loop ≥ it", ours_best >= rate
         rows.append(
             Row(
                 f"{figure}: {label}",

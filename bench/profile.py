@@ -2,7 +2,7 @@
 """Profile our consumer on one benchmark workload with py-spy (all threads sampled).
 
     .venv/bin/pip install py-spy          # bench-only tool, not a dependency
-    .venv/bin/python bench/profile.py happy|retry|park|requeue [N] [--db postgres] [--gil] [--rate 250]
+    .venv/bin/python bench/profile.py happy|retry|park|requeue|aio [N] [--db postgres] [--gil] [--rate 250]
 
 Pre-publishes N messages, runs ``rmq_consume`` under ``py-spy record --format raw``, and
 prints the functions with the most samples: own time ("self") and inclusive ("total"),
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, Run, manage_cmd, publish_bodies, setup_django, wait_depth
 
 WORKLOADS = {"happy": ("bench_noop", "bench.noop"), "retry": ("bench_retry", "bench.retry"),
-             "park": ("bench_park", "bench.park"), "requeue": ("bench_requeue", "")}  # fmt: skip
+             "park": ("bench_park", "bench.park"), "requeue": ("bench_requeue", ""),
+             "aio": ("bench_aio", "bench.aio")}  # fmt: skip
 
 
 def summarise(raw: Path, top: int) -> str:
@@ -58,6 +59,7 @@ def main() -> int:
     parser.add_argument("--gil", action="store_true", help="sample the GIL holder only")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the consumer")
+    parser.add_argument("--prefetch", type=int, default=20, help="the consumer's --prefetch")
     parser.add_argument("--keep", type=Path, help="also copy py-spy's raw stacks to this file")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -78,7 +80,12 @@ def main() -> int:
             publish_bodies(key, args.n)
             wait_depth(queue_name(short), args.n)
             cmd = manage_cmd(
-                "rmq_consume", short, "--max-messages", str(args.n), "--prefetch", "20"
+                "rmq_consume",
+                short,
+                "--max-messages",
+                str(args.n),
+                "--prefetch",
+                str(args.prefetch),
             )
         record = [spy, "record", "--format", "raw", "--rate", str(args.rate), "-o", str(out)]
         subprocess.run(

@@ -18,6 +18,7 @@ RMQ_RETRY = {
     "PREFIX": env("RMQ_PREFIX", default="rmq_bench"),
     "PREFETCH": env.int("BENCH_PREFETCH", default=20),
     "ASYNC_CONCURRENCY": env.int("BENCH_ASYNC_CONCURRENCY", default=100),
+    "ASYNC_ON_IO_LOOP": env.bool("BENCH_ASYNC_ON_IO_LOOP", default=False),
 }
 if "BENCH_LANDING_MS" in env.ENVIRON:  # unset: the product's default landing
     RMQ_RETRY["DELAY_LANDING_MS"] = env.int("BENCH_LANDING_MS")
