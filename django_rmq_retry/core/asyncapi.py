@@ -7,6 +7,8 @@ is built from the same :class:`~django_rmq_retry.core.topology_plan.Plan` that `
 declares, so it shows the retry path (every delay level with its TTL and dead-letter
 exchange, the deliver exchange and its alternate) and the park path (orphans and, with
 quorum queues, dead letters, which every consumer reads and parks) exactly as declared.
+A typed topic's (or receiver's) messages carry its schema as their payload's JSON Schema,
+and the ``schema_version`` header: the contract a foreign producer can be checked against.
 
 ``manage.py rmq_asyncapi`` prints it; the documentation site renders it.
 """
@@ -76,8 +78,12 @@ def document(
     title: str,
     version: str,
     server: str | None = None,
+    schemas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
+    receiver_schemas: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The AsyncAPI document. ``receivers``: (dotted path, queue name, routing keys)."""
+    """The AsyncAPI document. ``receivers``: (dotted path, queue name, routing keys);
+    ``schemas``: a typed topic's (JSON Schema, schema_version) by routing key;
+    ``receiver_schemas``: a receiver's own schema by dotted path."""
     headers = headers_schema(names)
     message = {
         "name": "message",
@@ -88,8 +94,13 @@ def document(
     }
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
-    components = {"messages": {"message": message}}
+    components: dict[str, Any] = {"messages": {"message": message}}
     receivers = list(receivers)
+    typed = _Typed(components, headers)
+    topic_message = {
+        key: typed.message(f"topic.{key}", schema, version, f"A {key} message")
+        for key, (schema, version) in (schemas or {}).items()
+    }
 
     routing_keys = sorted({key for _, _, keys in receivers for key in keys})
     for key in routing_keys:
@@ -98,7 +109,7 @@ def document(
             "address": key,
             "title": f"Topic {key}",
             "description": f"Routing key {key!r} on the work exchange {names.work_exchange}.",
-            "messages": {"message": {"$ref": "#/components/messages/message"}},
+            "messages": {"message": {"$ref": topic_message.get(key, _PLAIN)}},
             "bindings": {"amqp": _exchange(names.work_exchange, "topic", {})},
         }
         operations[_key(f"send.{key}")] = {
@@ -112,6 +123,12 @@ def document(
     for name, queue_name, keys in receivers:
         spec = by_queue.get(queue_name)
         cid = _key(f"queue.{queue_name}")
+        own = (receiver_schemas or {}).get(name)
+        if own is not None:
+            ref = typed.message(f"receiver.{name}", own, 1, f"What {name} takes")
+        else:  # its topics' (one typed topic: its message; several: any plain message)
+            refs = {topic_message.get(k, _PLAIN) for k in keys}
+            ref = refs.pop() if len(refs) == 1 else _PLAIN
         channels[cid] = {
             "address": queue_name,
             "title": f"Queue of receiver {name}",
@@ -120,7 +137,7 @@ def document(
                 f"{names.deliver_exchange} on header {names.target_header} = {queue_name!r} "
                 "(its retries and requeues come back this way, to this queue only)."
             ),
-            "messages": {"message": {"$ref": "#/components/messages/message"}},
+            "messages": {"message": {"$ref": ref}},
             "bindings": {"amqp": _queue(queue_name, spec.arguments if spec else {})},
         }
         operations[_key(f"receive.{name}")] = {
@@ -169,6 +186,72 @@ def document(
     if server:
         doc["servers"] = {"broker": {"host": server, "protocol": "amqp"}}
     return doc
+
+
+_PLAIN = "#/components/messages/message"
+
+
+class _Typed:
+    """Typed messages into ``components``: each schema's nested definitions (``$defs``)
+    moved to ``components.schemas`` and their references rewritten to point there (a
+    ``#/$defs/...`` reference would resolve against the whole document)."""
+
+    def __init__(self, components: dict[str, Any], headers: Mapping[str, Any]) -> None:
+        self.components = components
+        self.headers = headers
+
+    def message(self, name: str, schema: Mapping[str, Any], version: int, title: str) -> str:
+        key = _key(name)
+        schemas = self.components.setdefault("schemas", {})
+        payload = self._moved(dict(schema), schemas)
+        headers = {
+            **self.headers,
+            "properties": {
+                **self.headers["properties"],
+                "schema_version": {
+                    "description": "The version of the payload's schema (1 when absent).",
+                    "type": "integer",
+                    "const": version,
+                },
+            },
+        }
+        self.components["messages"][key] = {
+            "name": key,
+            "title": title,
+            "contentType": "application/json",
+            "headers": headers,
+            "payload": payload,
+        }
+        return f"#/components/messages/{key}"
+
+    def _moved(self, schema: dict[str, Any], schemas: dict[str, Any]) -> Any:
+        defs = schema.pop("$defs", None) or schema.pop("definitions", None) or {}
+        names: dict[str, str] = {}
+        for def_name in defs:  # two different schemas of one name: the later one renamed
+            name, n = def_name, 1
+            while name in schemas and schemas[name] != _rewrite(defs[def_name], {}):
+                n += 1
+                name = f"{def_name}{n}"
+            names[def_name] = name
+        for def_name, definition in defs.items():
+            schemas[names[def_name]] = _rewrite(definition, names)
+        return _rewrite(schema, names)
+
+
+def _rewrite(value: Any, names: Mapping[str, str]) -> Any:
+    """``value`` with its local references pointing into ``components.schemas``."""
+    if isinstance(value, dict):
+        out = {k: _rewrite(v, names) for k, v in value.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str):
+            for local in ("#/$defs/", "#/definitions/"):
+                if ref.startswith(local):
+                    name = ref[len(local) :]
+                    out["$ref"] = "#/components/schemas/" + names.get(name, name)
+        return out
+    if isinstance(value, list):
+        return [_rewrite(v, names) for v in value]
+    return value
 
 
 def _describe(queue: str, arguments: Mapping[str, Any], parks: bool, names: Names) -> str:

@@ -11,7 +11,8 @@ from django.core.management.base import BaseCommand, CommandParser
 import django_rmq_retry
 from django_rmq_retry.conf import broker_urls, current_names, current_plan
 from django_rmq_retry.core.asyncapi import document
-from django_rmq_retry.registry import default_registry
+from django_rmq_retry.registry import Receiver, default_registry
+from django_rmq_retry.schemas import adapter_for
 
 
 class Command(BaseCommand):
@@ -46,6 +47,22 @@ class Command(BaseCommand):
             title=options["title"],
             version=options["doc_version"],
             server=server,
+            schemas=typed_topics(receivers),
+            receiver_schemas={
+                r.name: adapter_for(r.schema).json_schema() for r in receivers if r.schema
+            },
         )
         doc["info"]["x-generator"] = f"django-rmq-retry {django_rmq_retry.__version__}"
         self.stdout.write(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def typed_topics(receivers: list[Receiver]) -> dict[str, tuple[dict[str, Any], int]]:
+    """Each typed topic's JSON Schema and version, by routing key."""
+    found: dict[str, tuple[dict[str, Any], int]] = {}
+    for rec in receivers:
+        for topic in rec.topics:
+            schema = getattr(topic, "schema", None)
+            if schema is not None and topic.routing_key not in found:
+                version = int(getattr(topic, "schema_version", 1))
+                found[topic.routing_key] = (adapter_for(schema).json_schema(), version)
+    return found
