@@ -9,14 +9,16 @@ message and its history), :mod:`.parked_actions` (requeue, republish, discard),
 :mod:`.edit_page` (edit once, then requeue), :mod:`.requeue_operations` (ramped and canary
 requeues, with their progress), :mod:`.dashboard` (failure groups), :mod:`.retry_policies`
 (retry policy overrides), :mod:`.outbox` (rows waiting to be published, and those held),
-:mod:`.tasks` (task results); :mod:`.parked` puts the parked-message admin together and
-registers it. :mod:`.preview` shows a body to an operator.
+:mod:`.tasks` (task results), :mod:`.dependencies` (the dependency breakers);
+:mod:`.parked` puts the parked-message admin together and registers it. :mod:`.preview`
+shows a body to an operator.
 """
 
 from __future__ import annotations
 
 from . import outbox  # noqa: F401  (the outbox's admin registers itself)
 from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
+from .dependencies import DependencyAdmin
 from .parked import ParkedMessageAdmin
 from .requeue_operations import RequeueOperationAdmin
 from .retry_policies import RetryPolicyAdmin, RetryPolicyForm
@@ -25,6 +27,7 @@ from .tasks import TaskResultRecordAdmin
 __all__ = [
     "COUNT_CAP",
     "CappedPaginator",
+    "DependencyAdmin",
     "IndexedValuesFilter",
     "ParkedMessageAdmin",
     "RequeueOperationAdmin",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.message import Message
@@ -29,7 +29,10 @@ PREFIX = "django_rmq_retry_"
 PARKED = PREFIX + "parked_messages"
 OUTBOX = PREFIX + "outbox_messages"
 OUTBOX_AGE = PREFIX + "outbox_oldest_pending_age_seconds"
-DATABASE_METRICS = (PARKED, OUTBOX, OUTBOX_AGE)
+#: A dependency's breaker (0 closed, 1 half-open, 2 open) and its trips, from its row.
+DEPENDENCY_STATE = PREFIX + "dependency_state"
+DEPENDENCY_TRIPS = PREFIX + "dependency_trips"
+DATABASE_METRICS = (PARKED, OUTBOX, OUTBOX_AGE, DEPENDENCY_STATE, DEPENDENCY_TRIPS + "_total")
 
 #: Seconds of receiver attempts (defaults of prometheus-client, plus the long tail).
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -238,7 +241,34 @@ def database_families(own_thread: bool = True) -> list[GaugeMetricFamily]:
                 value=oldest_age,
             )
         )
+        families.extend(dependency_families())
         return families
     finally:
         if own_thread:
             close_old_connections()
+
+
+def dependency_families() -> list[Any]:
+    """Each dependency's breaker state and trips, read from its row: the cluster's, the
+    same whichever process serves the scrape (none without ``DEPENDENCIES``)."""
+    from ..breakers import state
+    from ..conf import dependency_limits
+
+    names = sorted(dependency_limits())
+    if not names:
+        return []
+    breakers = state.read_all(names)
+    states = GaugeMetricFamily(
+        DEPENDENCY_STATE,
+        "A dependency's breaker: 0 closed, 1 half-open (one probe), 2 open.",
+        labels=["dependency"],
+    )
+    trips = CounterMetricFamily(
+        DEPENDENCY_TRIPS,
+        "Times a dependency's breaker opened (failures, or an operator).",
+        labels=["dependency"],
+    )
+    for name in names:
+        states.add_metric([name], breakers[name].state.gauge)
+        trips.add_metric([name], breakers[name].trips)
+    return [states, trips]
