@@ -191,3 +191,19 @@ def test_nothing_imports_msgspec_or_pydantic_unless_a_schema_uses_them():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_schema_whose_type_hints_do_not_resolve_fails_at_declaration():
+    """Not at its first message: a consumer would otherwise give it back again and again."""
+
+    def declare():
+        class Inner(msgspec.Struct):
+            x: int
+
+        class Outer(msgspec.Struct):
+            inner: Inner  # a string under `from __future__ import annotations`: unresolvable
+
+        return Outer
+
+    with pytest.raises(ImproperlyConfigured, match="do not resolve"):
+        Topic("typed.unresolved", schema=declare())

@@ -15,26 +15,35 @@ from ..core.errors import ValidationError
 from ..core.gate_outcome import GateOutcome, Proceed
 from ..core.outcome import Park, ParkReason
 from ..registry import Receiver
-from ..schemas import schema_of, validate_for
+from ..schemas import Plan, plan_for, schema_of
 from .gates import Arrival, GateContext
 
 
 class SchemaGate:
-    """Validates the body of a receiver that has a schema (nothing to say otherwise)."""
+    """Validates the body of a receiver that has a schema (nothing to say otherwise).
+
+    What to validate with is worked out once per receiver and routing key (a
+    :class:`~django_rmq_retry.schemas.Plan`, or ``None`` for an untyped receiver): per
+    message, one dictionary lookup, then the library's validation.
+    """
 
     def __init__(self, context: GateContext) -> None:
         self.context = context
+        self._plans: dict[tuple[int, str], tuple[Receiver, Plan | None]] = {}
 
     def check(self, arrival: Arrival) -> GateOutcome | None:
         rec, routing_key = arrival.receiver, arrival.envelope.routing_key
-        if schema_of(rec, routing_key) is None:  # most receivers: nothing to say
+        known = self._plans.get((id(rec), routing_key))
+        if known is None or known[0] is not rec:  # (a receiver registered again: anew)
+            known = self._plans[(id(rec), routing_key)] = (rec, plan_for(rec, routing_key))
+        plan = known[1]
+        if plan is None:  # most receivers: nothing to say
             return None
-        headers = arrival.delivery.properties.get("headers")
         try:
-            data = validate_for(rec, routing_key, headers, arrival.body)
+            data = plan.validate(arrival.delivery.properties.get("headers"), arrival.body)
         except ValidationError as exc:
             return Park(ParkReason.INVALID, str(exc), field_errors=exc.errors)
-        return None if data is None else Proceed(data)
+        return Proceed(data)
 
 
 def undecodable_as_invalid(verdict: Park, rec: Receiver, env: Envelope) -> Park:

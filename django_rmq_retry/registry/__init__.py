@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core.backoff import Policy
 from ..core.message import Message
 from ..core.ordering import OrderingKeyError, check_key, key_from_body
-from ..schemas import is_schema
+from ..schemas import adapter_for, is_schema
 
 ReceiverFunc = Callable[..., Any]
 #: ``ordering_key=``: a body field (``"account_id"``, ``"a.b"``) or ``callable(message) -> str``.
@@ -177,11 +177,8 @@ class Registry:
             )
         policy = _policy(retry, name)
         _check_ordering_key(ordering_key, name)
-        if schema is not None and not is_schema(schema):
-            raise ImproperlyConfigured(
-                f"Receiver {name}: schema={schema!r} must be a msgspec.Struct, a pydantic "
-                "BaseModel or a @dataclass class."
-            )
+        if schema is not None:
+            _check_schema(schema, name)
         with self._lock:
             existing = self._by_name.get(name)
             if existing is not None:
@@ -320,6 +317,18 @@ def _dependency_names(depends_on: str | Iterable[str], name: str) -> tuple[str, 
             f'(keys of RMQ_RETRY["DEPENDENCIES"]), got {depends_on!r}.'
         )
     return tuple(dict.fromkeys(needs))
+
+
+def _check_schema(schema: Any, name: str) -> None:
+    if not is_schema(schema):
+        raise ImproperlyConfigured(
+            f"Receiver {name}: schema={schema!r} must be a msgspec.Struct, a pydantic "
+            "BaseModel or a @dataclass class."
+        )
+    try:
+        adapter_for(schema)
+    except TypeError as exc:
+        raise ImproperlyConfigured(f"Receiver {name}: {exc}") from exc
 
 
 def _check_ordering_key(ordering_key: Any, name: str) -> None:

@@ -20,8 +20,18 @@ import threading
 from typing import Any, Protocol
 
 from ..core.errors import ValidationError
+from .upcasting import HEADER, upcast, version_of
 
-__all__ = ["Adapter", "ValidationError", "adapter_for", "is_schema", "schema_of", "target_version"]
+__all__ = [
+    "Adapter",
+    "Plan",
+    "ValidationError",
+    "adapter_for",
+    "is_schema",
+    "plan_for",
+    "schema_of",
+    "target_version",
+]
 
 
 class Adapter(Protocol):
@@ -83,7 +93,12 @@ def adapter_for(schema: Any) -> Adapter:
         raise TypeError(
             f"schema={schema!r} is not a msgspec.Struct, a pydantic BaseModel or a dataclass"
         )
-    adapter = made(schema)
+    try:
+        adapter = made(schema)
+    except (NameError, TypeError) as exc:  # a type hint naming what cannot be found
+        raise TypeError(
+            f"schema {schema.__qualname__}: its type hints do not resolve ({exc})"
+        ) from exc
     with _lock:
         return _adapters.setdefault(schema, adapter)
 
@@ -102,23 +117,41 @@ def target_version(receiver: Any, routing_key: str) -> int:
     return int(getattr(receiver.topic_for(routing_key), "schema_version", 1))
 
 
-def validate_for(receiver: Any, routing_key: str, headers: Any, body: Any) -> Any:
-    """``body`` (decoded) as the instance ``receiver`` gets for it: upcast from the version
-    its ``headers`` say to the topic's, then validated; ``None`` when the receiver is
-    untyped. ``ValidationError`` names what does not fit (the consumer's gate and the
-    admin's edit page both call this)."""
-    from .upcasting import upcast, version_of
+class Plan:
+    """How one receiver's messages of one routing key are validated: made once, then a
+    dictionary lookup per message (``consumer.schema_gate`` keeps them)."""
 
+    __slots__ = ("adapter", "routing_key", "target")
+
+    def __init__(self, adapter: Adapter, routing_key: str, target: int) -> None:
+        self.adapter = adapter
+        self.routing_key = routing_key
+        self.target = target
+
+    def validate(self, headers: Any, body: Any) -> Any:
+        """``body`` upcast from the version ``headers`` say, then validated."""
+        try:
+            version = version_of(headers) if headers and HEADER in headers else 1
+            if version != self.target:
+                body = upcast(self.routing_key, version, self.target, body)
+            return self.adapter.validate(body)
+        except ValidationError as exc:
+            if exc.schema:
+                raise
+            raise ValidationError(exc.errors, self.adapter.schema.__name__) from None
+
+
+def plan_for(receiver: Any, routing_key: str) -> Plan | None:
+    """The :class:`Plan` of a receiver's messages of ``routing_key`` (``None``: untyped)."""
     schema = schema_of(receiver, routing_key)
     if schema is None:
         return None
-    try:
-        target = target_version(receiver, routing_key)
-        version = version_of(headers)
-        if version != target:
-            body = upcast(routing_key, version, target, body)
-        return adapter_for(schema).validate(body)
-    except ValidationError as exc:
-        if exc.schema:
-            raise
-        raise ValidationError(exc.errors, schema.__name__) from None
+    return Plan(adapter_for(schema), routing_key, target_version(receiver, routing_key))
+
+
+def validate_for(receiver: Any, routing_key: str, headers: Any, body: Any) -> Any:
+    """``body`` (decoded) as the instance ``receiver`` gets for it: upcast from the version
+    its ``headers`` say to the topic's, then validated; ``None`` when the receiver is
+    untyped. ``ValidationError`` names what does not fit (the admin's edit page)."""
+    plan = plan_for(receiver, routing_key)
+    return None if plan is None else plan.validate(headers, body)

@@ -24,6 +24,7 @@ class MsgspecAdapter:
     def __init__(self, schema: type) -> None:
         self.schema = schema
         self._encoder = msgspec.json.Encoder()
+        msgspec.inspect.type_info(schema)  # its type hints resolved now, not per message
 
     def validate(self, body: Any) -> Any:
         try:

@@ -17,6 +17,10 @@ class PydanticAdapter:
 
     def __init__(self, schema: type[pydantic.BaseModel]) -> None:
         self.schema = schema
+        try:  # its type hints resolved now, not per message
+            schema.model_rebuild(raise_errors=True)
+        except pydantic.PydanticUndefinedAnnotation as exc:
+            raise NameError(str(exc)) from exc
 
     def validate(self, body: Any) -> Any:
         try:

@@ -31,7 +31,10 @@ def typed_adapter(routing_key: str, schema: Any, version: Any) -> Adapter | None
             f"Topic {routing_key!r}: schema={schema!r} must be a msgspec.Struct, a pydantic "
             "BaseModel or a @dataclass class."
         )
-    return adapter_for(schema)
+    try:
+        return adapter_for(schema)
+    except TypeError as exc:
+        raise ImproperlyConfigured(f"Topic {routing_key!r}: {exc}") from exc
 
 
 def encode_typed(adapter: Adapter, body: Any, content_type: str | None = None) -> bytes:
