@@ -6,7 +6,8 @@ then ends every backend of the consumer (``pg_terminate_backend`` from a connect
 own, as a failover, a restart or an idle timeout would): each message after it must be
 handled, and none parked because of the dead connection, with persistent connections
 checked before reuse (the test project's ``CONN_MAX_AGE`` and ``CONN_HEALTH_CHECKS``) and
-with Django's default of a connection per request (``CONN_MAX_AGE = 0``).
+with Django's default of a connection per request (``CONN_MAX_AGE = 0``), and with the
+receivers on the consumer's I/O loop (``ASYNC_ON_IO_LOOP``).
 """
 
 from __future__ import annotations
@@ -55,11 +56,18 @@ def _terminate_backends_but(keep: int) -> int:
     return int(ended[0]) if ended else 0
 
 
-@pytest.mark.parametrize("max_age", [300, 0], ids=["persistent", "per-request"])
+@pytest.mark.parametrize(
+    ("max_age", "on_io_loop"),
+    # Per-request last: a persistent connection of asgiref's thread outlives its test (as in
+    # production), and the test database cannot be dropped while it is open.
+    [(300, False), (300, True), (0, False)],
+    ids=["persistent", "persistent-io-loop", "per-request"],
+)
 def test_an_async_receiver_writes_again_after_postgres_dropped_the_connections(
-    rmq, registry_snapshot, monkeypatch, max_age
+    rmq, registry_snapshot, monkeypatch, settings, max_age, on_io_loop
 ):
     monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", max_age)
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "ASYNC_ON_IO_LOOP": on_io_loop}
     topic = Topic("test.aiodb")
 
     @topic.connect

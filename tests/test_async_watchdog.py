@@ -3,7 +3,8 @@
 ``time.sleep`` inside ``async def`` stops every other coroutine on the consumer's event loop.
 The watchdog (``consumer.watchdog``) names the receiver in a WARNING, with its line, while it
 still sleeps, and liveness fails while it has blocked the loop for longer than the liveness
-timeout; both clear once the loop turns again. Tested by the order of events (the receiver
+timeout; both clear once the loop turns again, whether the loop is the receivers' own or
+the consumer's I/O loop (``ASYNC_ON_IO_LOOP``). Tested by the order of events (the receiver
 sleeps until the test has seen them), never by how long anything took.
 """
 
@@ -29,11 +30,15 @@ def _warned(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 @pytest.mark.broker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("on_io_loop", [False, True], ids=["own-loop", "io-loop"])
 def test_a_receiver_blocking_the_loop_is_named_and_fails_liveness_while_it_blocks(
-    rmq, registry_snapshot, caplog
+    rmq, registry_snapshot, caplog, settings, on_io_loop
 ):
+    """On the receivers' own loop, and on the consumer's I/O loop (``ASYNC_ON_IO_LOOP``),
+    where the WARNING says the broker I/O waits too."""
     from django_rmq_retry import observability
 
+    settings.RMQ_RETRY = {**settings.RMQ_RETRY, "ASYNC_ON_IO_LOOP": on_io_loop}
     caplog.set_level(logging.INFO, logger="django_rmq_retry")
     topic = Topic("test.blocking")
     release = threading.Event()
@@ -59,6 +64,7 @@ def test_a_receiver_blocking_the_loop_is_named_and_fails_liveness_while_it_block
         (warning,) = _warned(caplog, "blocks the event loop")
         assert warning.startswith("async receiver ") and "sleeper blocks the event loop" in warning
         assert f"{__file__}:" in warning  # its own line
+        assert ("broker I/O" in warning) is on_io_loop  # what waits on that loop
         until("liveness fails while it blocks", lambda: not health.live())
         assert events == ["sleeping"] and health.blocked_by is not None
         assert health.blocked_by.endswith("sleeper")
