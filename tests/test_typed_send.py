@@ -207,3 +207,28 @@ def test_a_schema_whose_type_hints_do_not_resolve_fails_at_declaration():
 
     with pytest.raises(ImproperlyConfigured, match="do not resolve"):
         Topic("typed.unresolved", schema=declare())
+
+
+@pytest.mark.django_db
+def test_a_typed_send_through_the_outbox_is_validated_and_relayed_encoded(registry_snapshot):
+    from django_rmq_retry import receiver
+
+    topic = Topic("typed.send.outbox", schema=MOrder, outbox=True)
+    seen = []
+
+    @receiver(topic)
+    def outboxed(message, **kwargs):
+        seen.append((message.data, message.headers.get("schema_version")))
+
+    with InMemoryBroker() as broker:
+        with pytest.raises(ValidationError):
+            topic.send({"order_id": 1})
+        topic.send(MOrder(order_id=1, amount=decimal.Decimal("2.50")))
+        topic.send_on_commit({"order_id": 2, "amount": "3.75"})
+        with pytest.raises(ValidationError):
+            topic.send_on_commit({"amount": "1"})
+        broker.run_until_idle()
+    assert sorted((d.order_id, d.amount, v) for d, v in seen) == [
+        (1, decimal.Decimal("2.50"), 1),
+        (2, decimal.Decimal("3.75"), 1),
+    ]
