@@ -72,9 +72,15 @@ class DependencyConsumers:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread; a probe this process holds is given up at once (another process
+        probes next, without waiting for its lease to lapse)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            try:
+                watch().give_up_probes(timezone.now())
+            except Exception:  # its lease lapses instead
+                logger.warning("could not give up the probes this process holds", exc_info=True)
 
     def _watch(self) -> None:
         while not self._stop.wait(REFRESH):

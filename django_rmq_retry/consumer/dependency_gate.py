@@ -131,6 +131,13 @@ class BreakerWatch:
                     self.probes.pop(name, None)
                 self.refresh(wanted, now)
 
+    def give_up_probes(self, now: datetime) -> None:
+        """This process stops: the probes it holds go back to open (same wait)."""
+        with self.lock:
+            held, self.probes = list(self.probes), {}
+        for name in held:
+            state.drop_probe(name, self.me, now=now)
+
     def mode(self, names: Iterable[str]) -> str:
         """How a queue whose receiver depends on ``names`` is consumed now: ``"on"``,
         ``"probe"`` (one delivery at a time: this process probes) or ``"off"``."""
@@ -232,6 +239,10 @@ class DependencyGate:
             self._limits = dependency_limits()
         return self._limits
 
+    def uses_database(self, rec: Receiver) -> bool:
+        """The breakers' rows: only a receiver that ``depends_on`` something (``gates``)."""
+        return bool(rec.depends_on)
+
     def check(self, arrival: Arrival) -> GiveBack | None:
         needs = arrival.receiver.depends_on
         if not needs:
@@ -243,30 +254,53 @@ class DependencyGate:
         self, delivery: Delivery, rec: Receiver, error: BaseException | None
     ) -> GiveBack | None:
         """After the receiver ran: count a listed failure, settle a probe; a ``GiveBack``
-        for a listed failure while the breaker trips or is open (nothing counted)."""
+        for a listed failure while the breaker trips or is open (nothing counted).
+
+        If the database cannot be written, nothing is counted and the delivery follows its
+        retry policy (the breaker is a protection, never a new way to lose a message)."""
         if not rec.depends_on:
             return None
-        w, now = watch(), self.clock()
         limits = self.limits()
-        probes = w.probing(delivery)
-        listed = [n for n in rec.depends_on if error is not None and limits[n].listed(error)]
+        listed = [
+            n
+            for n in rec.depends_on
+            if error is not None and n in limits and limits[n].listed(error)
+        ]
         what = (error_type_name(error), error_summary(error, 500)) if error is not None else None
-        down = False
-        for name in probes:
-            after = w.settle_probe(name, what if name in listed else None, now)
-            down = down or after.state is not State.CLOSED
-        assert what is not None or not listed
-        for name in listed:
-            if name in probes:
-                continue
-            b = w.current([name], now)[name]
-            if b.state is State.CLOSED:
-                b = w.failed(name, what, now)  # type: ignore[arg-type]
-            down = down or b.state is not State.CLOSED
-        if not (listed and down):
+        try:
+            down = _settle(watch(), delivery, listed, what, self.clock())
+        except DatabaseError as exc:
+            logger.warning("dependency breakers not updated (%s): the retry policy applies", exc)
+            return None
+        if not (listed and down) or what is None:
             return None
         return GiveBack(
-            f"{what[0] if what else 'failure'} while dependency "
-            f"{', '.join(listed)} is down: back to its queue, no attempt counted",
+            f"{what[0]} while dependency {', '.join(listed)} is down: back to its queue, "
+            "no attempt counted",
             GIVE_BACK_WAIT,
         )
+
+
+def _settle(
+    w: BreakerWatch,
+    delivery: Delivery,
+    listed: list[str],
+    what: tuple[str, str] | None,
+    now: datetime,
+) -> bool:
+    """Write a probe's outcome and count listed failures; whether a breaker of ``listed``
+    is not closed now (tripped by this failure, or open already)."""
+    down = False
+    probes = w.probing(delivery)
+    for name in probes:
+        # A probe that fails with an exception that is not listed passes: it answered.
+        after = w.settle_probe(name, what if name in listed else None, now)
+        down = down or after.state is not State.CLOSED
+    for name in listed:
+        if name in probes or what is None:
+            continue
+        b = w.current([name], now)[name]
+        if b.state is State.CLOSED:
+            b = w.failed(name, what, now)
+        down = down or b.state is not State.CLOSED
+    return down
