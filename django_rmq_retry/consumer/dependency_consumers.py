@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -42,6 +42,34 @@ class Consumers(Protocol):
     def cancel_consumer(self, tag: str) -> None: ...
 
     def tags_of(self, queue: str) -> list[str]: ...
+
+
+class ChannelConsumers:
+    """:class:`Consumers` on the consume channel: mixed into ``dispatch.Dispatcher``, whose
+    channel, consumer tags and ``_consume`` it uses."""
+
+    if TYPE_CHECKING:
+        _channel: Any
+        _queue_by_tag: dict[str, str]
+        prefetch: int
+
+        def _consume(self, queue_name: str) -> None: ...
+
+    def consume_at(self, queue: str, prefetch: int) -> None:
+        """Consume ``queue`` with a prefetch of its own (the next consumers get PREFETCH)."""
+        self._channel.qos(prefetch)
+        try:
+            self._consume(queue)
+        finally:
+            self._channel.qos(self.prefetch)
+
+    def cancel_consumer(self, tag: str) -> None:
+        """Stop a consumer; the deliveries it took stay ours to settle."""
+        self._queue_by_tag.pop(tag, None)
+        self._channel.cancel(tag)
+
+    def tags_of(self, queue: str) -> list[str]:
+        return [tag for tag, name in self._queue_by_tag.items() if name == queue]
 
 
 class DependencyConsumers:

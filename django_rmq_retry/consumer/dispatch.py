@@ -35,7 +35,7 @@ from . import aio
 from .acks import AckBook
 from .actions import Action, Delivery, Release, StorePark
 from .delivery_limit import DeliveryLimit
-from .dependency_consumers import DependencyConsumers
+from .dependency_consumers import ChannelConsumers, DependencyConsumers
 from .handler import Handler
 from .housekeeper import Housekeeper
 from .notifier import Notifier
@@ -61,7 +61,7 @@ class Stats:
         return self.handled + self.retried + self.parked
 
 
-class Dispatcher(Settler, Cancels):
+class Dispatcher(Settler, Cancels, ChannelConsumers):
     """Consume the given receivers' queues until stopped (or a bounded run ends).
 
     The part of a consumer every engine shares; an engine adds ``run()`` and the broker
@@ -250,23 +250,6 @@ class Dispatcher(Settler, Cancels):
         )
         consumer.append(tag)
         self._queue_by_tag[tag] = queue_name
-
-    # The breakers' consumers (``dependency_consumers.Consumers``) ---------------------------
-    def consume_at(self, queue: str, prefetch: int) -> None:
-        """Consume ``queue`` with a prefetch of its own (the next consumers get PREFETCH)."""
-        self._channel.qos(prefetch)
-        try:
-            self._consume(queue)
-        finally:
-            self._channel.qos(self.prefetch)
-
-    def cancel_consumer(self, tag: str) -> None:
-        """Stop a consumer; the deliveries it took stay ours to settle."""
-        self._queue_by_tag.pop(tag, None)
-        self._channel.cancel(tag)
-
-    def tags_of(self, queue: str) -> list[str]:
-        return [tag for tag, name in self._queue_by_tag.items() if name == queue]
 
     def _cancelled_queues(self) -> list[str]:
         """The broker cancelled consumers (``basic.cancel``): their queue was deleted, or the
