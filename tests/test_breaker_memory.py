@@ -142,3 +142,31 @@ def test_on_close_what_the_outage_parked_is_replayed_by_the_breaker(payments, re
     assert charge_rows.filter(status=ParkedStatus.PARKED).count() == 0
     assert ParkedMessage.objects.filter(status=ParkedStatus.PARKED).count() == 1  # mail's
     assert len([r for r in broker.runs_of(charge) if r.outcome == "handled"]) == 6
+
+
+@pytest.mark.django_db
+def test_a_probe_that_fails_with_another_exception_closes_it(payments, registry_snapshot):
+    """The probe raised something the dependency's EXCEPTIONS do not list: the dependency
+    answered, so the breaker closes, and that message follows its retry policy."""
+    broker: InMemoryBroker
+    bugs: list[int] = []
+
+    @receiver(charged, depends_on="payments", retry={"max_attempts": 2, "initial_delay": 1})
+    def charge(message, **kwargs):
+        if broker.elapsed < 5:
+            raise ConnectionError("payments is down")
+        if not bugs:  # the first call after the outage: the probe
+            bugs.append(message.body["order"])
+            raise ValueError("a bug of ours, the dependency is fine")
+
+    with InMemoryBroker() as broker:
+        for i in range(6):
+            charged.send({"order": i})
+        broker.run_until_idle()
+    history = list(
+        DependencyEvent.objects.order_by("at", "id").values_list("from_state", "to_state")
+    )
+    assert history == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+    assert len(bugs) == 1 and ParkedMessage.objects.count() == 0
+    handled = [r for r in broker.runs_of(charge) if r.outcome == "handled"]
+    assert len(handled) == 6  # the probe's message too, at its next attempt
