@@ -75,8 +75,9 @@ need_postgres() {
 # matrix's one source of truth): the interpreters come from PATH or pyenv.
 # Why the ordinary suite runs twice, once in each: a second database (the parked table's
 # triggers, row locks and full-text search differ between SQLite and PostgreSQL) and the two
-# ends of what the package claims (Python 3.10 / Django 5.2 / oldest pika, and Python 3.13 /
-# the newest Django and pika; Django-6-only tests are skipped below 6 and run in "newest").
+# ends of what the package claims (Python 3.10 / Django 5.2 with the django-tasks backport /
+# oldest pika, and Python 3.13 / the newest Django and pika: so the Django tasks suite runs on
+# the backport and on django.tasks).
 # Everything else runs once: the browser tests on "oldest" only, the fault injection on
 # "newest" only (its database-down scenario needs PostgreSQL), test_publish_many (publisher
 # only, no database) on "newest" only.

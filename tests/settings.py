@@ -26,6 +26,7 @@ RMQ_RETRY = {
     "QUEUE_TYPE": env("RMQ_QUEUE_TYPE", default="classic"),
     "POLICY_CACHE_SECONDS": 1,
     "ASYNC_CONCURRENCY": env.int("RMQ_ASYNC_CONCURRENCY", default=100),
+    "ASYNC_ON_IO_LOOP": env.bool("RMQ_ASYNC_ON_IO_LOOP", default=False),
     # The default (False), as users run: tests/conftest.py's ``rmq`` fixture declares each
     # test's topology the way a deploy does (``rmq_consume --setup-only``). Tests whose
     # subject is declare-on-send set it themselves.
@@ -54,12 +55,16 @@ else:
 # A consumer child can be started without time zones (the USE_TZ = False projects of #12).
 USE_TZ = env.bool("RMQ_TEST_USE_TZ", default=True)
 
-# Django 6: django.tasks on our backend, with the tasks of tests.tasksproject (docs and tests
-# of the backend; below Django 6 they skip).
+# Django tasks on our backend, with the tasks of tests.tasksproject (docs and tests of the
+# backend): Django 6's django.tasks, or on Django 5.2 the django-tasks backport when it is
+# installed (the oldest leg installs it); without either the tasks tests skip.
+import importlib.util as _importlib_util  # noqa: E402
+
 import django as _django  # noqa: E402
 
-if _django.VERSION >= (6, 0):
-    INSTALLED_APPS = [*INSTALLED_APPS, "tests.tasksproject"]
+if _django.VERSION >= (6, 0) or _importlib_util.find_spec("django_tasks") is not None:
+    _BACKPORT = [] if _django.VERSION >= (6, 0) else ["django_tasks"]
+    INSTALLED_APPS = [*INSTALLED_APPS, *_BACKPORT, "tests.tasksproject"]
     TASKS = {
         "default": {
             "BACKEND": "django_rmq_retry.tasks.RabbitMQBackend",

@@ -1,29 +1,36 @@
 """``django.tasks`` on RabbitMQ: ``RabbitMQBackend`` in the in-memory broker and the real one.
 
-Django 6 only (``django.tasks``); ``tests.settings`` declares ``TASKS`` there.
+Django 6's ``django.tasks``, or Django 5.2 with the django-tasks backport; ``tests.settings``
+declares ``TASKS`` when either is there.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-import django
 import pytest
 
+from django_rmq_retry.registry.task_api import task_api_module
+
 pytestmark = pytest.mark.skipif(
-    django.VERSION < (6, 0), reason="django.tasks (and our backend of it) needs Django 6.0+"
+    task_api_module() is None,
+    reason="Django < 6.0 without the django-tasks backport (pip install django-tasks)",
 )
 
-if django.VERSION >= (6, 0):
+if task_api_module() is not None:
     from django.core.management import call_command
-    from django.tasks import task_backends
-    from django.tasks.base import TaskResultStatus
-    from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.test import override_settings
     from django.utils import timezone
 
     from django_rmq_retry.models import ParkedMessage, TaskResultRecord
     from django_rmq_retry.parking import requeue
+    from django_rmq_retry.tasks.api import (
+        TaskResultStatus,
+        task_backends,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
     from django_rmq_retry.tasks.task_message import amqp_priority
     from django_rmq_retry.testing import InMemoryBroker
     from tests.conftest import wait_for
@@ -355,3 +362,36 @@ def test_real_broker_runs_a_high_priority_task_first(rmq):
         verbosity=0,
     )
     assert [x[0] for _n, _a, x in t.RUNS] == [100, 0, 1, 2, 3, 4]
+
+
+# The tutorial ----------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_tutorials_tasks_module_runs_as_written(tmp_path, monkeypatch, registry_snapshot):
+    """docs/tutorial/tasks.md's ``TASKS`` and ``shop/tasks.py``, word for word, on this
+    Django (6.x, or 5.2 with the backport): it imports, its options are taken, a task runs."""
+    import re
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "tutorial" / "tasks.md").read_text()
+    (code,) = re.findall(r"```python\n(# shop/tasks\.py\n.*?)```", page, re.S)
+    (settings_code,) = re.findall(r"```python\n# settings\.py\n(TASKS = .*?)```", page, re.S)
+    declared: dict = {}
+    exec(settings_code, declared)
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "tasks.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shop", raising=False)
+    monkeypatch.delitem(sys.modules, "shop.tasks", raising=False)
+    with override_settings(TASKS=declared["TASKS"]):
+        from shop import tasks as shop  # type: ignore[import-not-found]
+
+        assert shop.send_receipt.max_attempts == 3
+        assert shop.send_receipt.dont_retry == (ValueError,)
+        assert shop.notify.queue_name == "emails" and shop.notify.priority == 50
+        with InMemoryBroker() as broker:  # declares the queues of the tasks just imported
+            result = shop.add.enqueue(2, 3)
+            broker.run_until_idle()
+        result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)

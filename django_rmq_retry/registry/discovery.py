@@ -8,13 +8,10 @@ installed (their queue names follow the function's dotted path unless ``queue=``
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 from ..conf import app_settings
-
-#: Where our ``django.tasks`` backend lives (``TASKS[...]["BACKEND"]``).
-TASK_BACKEND_PACKAGE = "django_rmq_retry.tasks"
+from .task_api import task_api_module, uses_task_backend
 
 #: The receiver module name before 1.0, still discovered.
 LEGACY_MODULE = "consumers"
@@ -27,18 +24,12 @@ def autodiscover() -> None:
 
     With our task backend configured, also ``<app>.tasks``: a task's queue exists (and a
     consumer runs it) once its ``@task`` was imported, as a receiver's once its module was.
+    Not when this Django has no task API (Django < 6.0 without the backport): those
+    modules would fail on their first import line, so the check E040 says what to install
+    instead of a traceback from ``ready()``.
     """
     autodiscover_modules(app_settings.DISCOVER_MODULE)
     if app_settings.DISCOVER_MODULE != LEGACY_MODULE:
         autodiscover_modules(LEGACY_MODULE)
-    if uses_task_backend():
+    if uses_task_backend() and task_api_module() is not None:
         autodiscover_modules("tasks")
-
-
-def uses_task_backend() -> bool:
-    backends = getattr(settings, "TASKS", None) or {}
-    return any(
-        str(options.get("BACKEND", "")).startswith(TASK_BACKEND_PACKAGE + ".")
-        for options in backends.values()
-        if isinstance(options, dict)
-    )

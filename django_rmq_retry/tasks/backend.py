@@ -1,4 +1,5 @@
-"""``RabbitMQBackend``: Django's task API (``django.tasks``, Django 6.0+) on our broker.
+"""``RabbitMQBackend``: Django's task API on our broker (``django.tasks`` on Django 6.0+, the
+``django-tasks`` backport on Django 5.2: ``api``).
 
 A task is a receiver the consumer already knows: each (queue name, task path) pair owns a
 queue ``<PREFIX>.tasks.<queue_name>.<module.path>`` bound to the routing key
@@ -24,17 +25,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import Task, TaskResult
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.crypto import get_random_string
-from django.utils.json import normalize_json
 
 from ..core.backoff import Policy
 from ..registry import Registry, default_registry
 from ..topics import Topic
 from . import results
+from .api import BaseTaskBackend, Task, TaskResult, normalize_json, task_enqueued
 from .defer import publish_deferred
 from .results import READY
 from .runner import runner_for

@@ -15,11 +15,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router
-from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
-from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from ..models import TaskResultRecord
+from .api import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .task_message import TaskMessage
 
 # Statuses (named here: django-stubs types the enum's members as ``...``).

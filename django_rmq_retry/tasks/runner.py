@@ -18,13 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from traceback import format_exception
 from typing import Any, cast
 
-from asgiref.sync import markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
-from django.tasks import task_backends
-from django.tasks.base import Task, TaskContext, TaskError, TaskResult
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from ..conf import current_levels, current_names
@@ -35,13 +31,23 @@ from ..core.unit_threads import db_executor
 from ..registry import Receiver
 from ..registry.policies import policy_cache
 from . import results
+from .api import (
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
 from .defer import publish_deferred
 from .results import FAILED, READY, RUNNING, SUCCESSFUL
 from .task_message import TaskMessage
 
 logger = logging.getLogger("django_rmq_retry.tasks")
 
-_runners: dict[str, TaskRunner] = {}
+_runners: dict[str, Callable[..., Any]] = {}
 _runners_lock = threading.Lock()
 
 
@@ -50,15 +56,15 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def runner_for(queue_name: str, task_path: str, *, is_async: bool = False) -> TaskRunner:
+def runner_for(queue_name: str, task_path: str, *, is_async: bool = False) -> Callable[..., Any]:
     """The one runner of a (queue name, task path): the registry keeps a receiver per
     function object, so a task validated again (``.using(...)``) must find the same one."""
     key = f"{queue_name}.{task_path}"
     with _runners_lock:
         runner = _runners.get(key)
         if runner is None:
-            kind = AsyncTaskRunner if is_async else TaskRunner
-            runner = _runners[key] = kind(queue_name, task_path)
+            sync = TaskRunner(queue_name, task_path)
+            runner = _runners[key] = async_runner(sync) if is_async else sync
         return runner
 
 
@@ -107,19 +113,14 @@ class TaskRunner:
         return backend, task, msg
 
 
-class AsyncTaskRunner(TaskRunner):
-    """The runner of an ``async def`` task: an ``async def`` receiver, so the consumer
-    awaits it on its event loop (``consumer.aio``); the result row, the signals and the
+def async_runner(runner: TaskRunner) -> Callable[..., Any]:
+    """The receiver of an ``async def`` task: an ``async def`` function (so every Python
+    the package supports sees a coroutine function, and the consumer awaits it on its event
+    loop, ``consumer.aio``), named as ``runner`` is; the result row, the signals and the
     retry decision run as synchronous units through ``sync_to_async``."""
 
-    def __init__(self, queue_name: str, task_path: str) -> None:
-        super().__init__(queue_name, task_path)
-        markcoroutinefunction(self)
-
-    async def __call__(  # type: ignore[override]
-        self, message: Message, *, receiver: Receiver, **kwargs: Any
-    ) -> None:
-        loaded = await _sync(self.load)(message)
+    async def run_async(message: Message, *, receiver: Receiver, **kwargs: Any) -> None:
+        loaded = await _sync(runner.load)(message)
         if loaded is None:
             return
         backend, task, msg = loaded
@@ -132,6 +133,11 @@ class AsyncTaskRunner(TaskRunner):
             await _sync(_failed)(type(backend), result, msg, message.attempt, receiver, exc, keep)
             raise
         await _sync(_succeeded)(backend, result, msg, value, keep)
+
+    run_async.__module__ = runner.__module__
+    run_async.__qualname__ = runner.__qualname__
+    run_async.__name__ = runner.task_path.rpartition(".")[2]
+    return run_async
 
 
 def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:

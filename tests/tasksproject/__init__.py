@@ -1,2 +1,2 @@
-"""A Django 6 app with ``django.tasks`` tasks on ``RabbitMQBackend`` (``tests.settings``
-declares ``TASKS`` and installs it when Django 6 is present)."""
+"""An app with Django tasks on ``RabbitMQBackend`` (``tests.settings`` declares ``TASKS``
+and installs it on Django 6, or on Django 5.2 with the django-tasks backport)."""

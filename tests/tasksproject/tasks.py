@@ -6,7 +6,12 @@ import asyncio
 import threading
 from typing import Any
 
-from django.tasks import TaskContext, task
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import TaskContext, task
+
+from django_rmq_retry.tasks import task as rmq_task
 
 #: (task name, attempt, args) of every run in this process, in order.
 RUNS: list[tuple[str, int, Any]] = []
@@ -31,7 +36,8 @@ def flaky_task(context: TaskContext, succeed_on: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "result_id": context.task_result.id}
 
 
-@task(takes_context=True, max_attempts=2, dont_retry=(Permanent,))  # type: ignore[call-arg]
+# Our decorator: Django 6.0's @task takes none of our options (6.1's and the backport's do).
+@rmq_task(takes_context=True, max_attempts=2, dont_retry=(Permanent,))
 def always_fails(context: TaskContext, how: str) -> None:
     RUNS.append(("always_fails", context.attempt, [how]))
     if how == "permanent":
