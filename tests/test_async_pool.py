@@ -37,6 +37,12 @@ class Receivers:
         self.events.append(("prepared", d.tag))
         return Attempt(d, None, None, d.tag, None)  # type: ignore[arg-type]
 
+    def prepares_on_loop(self, d: Delivery) -> bool:
+        return False  # its database threads: where the test holds ``prepare``
+
+    def concludes_on_loop(self, step: Attempt, error: BaseException | None) -> bool:
+        return False
+
     def observe(self, step: Attempt) -> None:
         self.events.append(("observe", step.message))
 

@@ -38,7 +38,7 @@ from typing import Any
 from ..core.unit_threads import db_executor
 from ..db.threads import start_daemon
 from .actions import Action, Delivery, Release
-from .aio_db import DB_THREADS, Abandoned, ConnectionHygiene, DbThreads, db_unit
+from .aio_db import DB_THREADS, Abandoned, ConnectionHygiene, DbThreads, db_unit, on_loop
 from .handler import Attempt, Handler, is_async
 from .pool import CANCELLED, PENDING, RUNNING, DaemonPool, Job
 from .watchdog import LoopWatchdog, receiver_codes
@@ -110,6 +110,9 @@ class AsyncPool:
         self._db = DbThreads(min(DB_THREADS, self.concurrency), f"{self._name}-db", loop)
         self._prepare = functools.partial(self._db.run, db_unit(self._handler.prepare))
         self._conclude = functools.partial(self._db.run, db_unit(self._handler.conclude))
+        # Either step when it touches no database (``Handler.prepares_on_loop``): run here.
+        self._prepare_here = on_loop(self._handler.prepare)
+        self._conclude_here = on_loop(self._handler.conclude)
         self._hygiene = ConnectionHygiene(loop)
         self._watchdog = LoopWatchdog(loop, self._codes, self._name, stalls=stalls)
 
@@ -210,12 +213,15 @@ class AsyncPool:
         d = job.delivery
         if not self._is_current(d):  # its connection is gone: the broker has it back
             return Release()
-        step = await self._prepare(job, d)
+        handler = self._handler
+        if handler.prepares_on_loop(d):
+            step = self._prepare_here(job, d)
+        else:
+            step = await self._prepare(job, d)
         if not isinstance(step, Attempt):
             return step
         # The hooks start and end the attempt in this job's own context, the receiver's: a
         # span current in the receiver (across its awaits) and in ``conclude``'s copy of it.
-        handler = self._handler
         await self._hygiene.before()
         handler.observe(step)
         error = await handler.aattempt(step.receiver, step.message)
@@ -224,7 +230,10 @@ class AsyncPool:
             handler.observed(step, error, Release(cause="abandoned at shutdown"))
             raise Abandoned
         try:
-            action = await self._conclude(job, step, error)
+            if handler.concludes_on_loop(step, error):
+                action = self._conclude_here(job, step, error)
+            else:
+                action = await self._conclude(job, step, error)
         except BaseException:
             if id(job) in self._abandoned:
                 handler.observed(step, error, Release(cause="abandoned at shutdown"))

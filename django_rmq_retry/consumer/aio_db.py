@@ -152,6 +152,19 @@ def db_unit(fn: Callable[..., Any]) -> Callable[..., Any]:
     return unit
 
 
+def on_loop(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` for ``job`` on the event loop itself, for a step that touches no database
+    (``Handler.prepares_on_loop``): in a copy of the job's context, as on a database thread,
+    and not for an abandoned job (:class:`Abandoned`)."""
+
+    def here(job: Job, *args: Any) -> Any:
+        if job.state is CANCELLED:
+            raise Abandoned
+        return contextvars.copy_context().run(fn, *args)
+
+    return here
+
+
 class ConnectionHygiene:
     """Django's request-cycle hygiene for the connection async receivers use themselves.
 

@@ -44,6 +44,12 @@ once the receiver ran (``error``: what it raised, or ``None``): a ``GiveBack`` t
 replaces the ack, retry or park that would follow (the dependency breaker gives back a
 failure that trips it, counting no attempt); ``None`` lets them be.
 
+**The database.** A gate may also have ``uses_database(receiver) -> bool``: whether its
+``check`` or ``after`` may read or write the database for that receiver's deliveries. The
+async receivers' pool runs ``Handler.prepare`` and ``conclude`` on its event loop itself,
+with no thread switch, only when no gate may (``consumer.aio``); a gate without the method
+is taken to use it (those steps then run on the pool's database threads).
+
 **Registering a gate** is one line in :data:`GATES` (a dotted path to a factory taking the
 :class:`GateContext`, e.g. a class); the order of the list is the order they run in.
 """
@@ -127,6 +133,7 @@ class Pipeline:
         self.gates: Sequence[Gate] = (
             list(gates) if gates is not None else [import_string(p)(context) for p in GATES]
         )
+        self._uses_database: dict[int, tuple[Receiver, bool]] = {}
 
     def run(
         self, d: Delivery, rec: Receiver, env: Envelope, body: Any
@@ -142,6 +149,16 @@ class Pipeline:
                 continue
             return said
         return arrival
+
+    def uses_database(self, rec: Receiver) -> bool:
+        """Whether a gate may use the database for ``rec``'s deliveries (see the module
+        docstring); the answer per receiver is kept (gates decide it from the receiver's
+        declaration)."""
+        known = self._uses_database.get(id(rec))
+        if known is None or known[0] is not rec:  # (a receiver registered again: anew)
+            said = any(getattr(g, "uses_database", _may)(rec) for g in self.gates)
+            known = self._uses_database[id(rec)] = (rec, said)
+        return known[1]
 
     def after(self, d: Delivery, rec: Receiver, error: BaseException | None) -> GiveBack | None:
         """After the receiver ran: a gate with an ``after(delivery, receiver, error)`` method
@@ -210,3 +227,8 @@ class Pipeline:
             log_extra=extra,
             start_key=start_key,
         )
+
+
+def _may(rec: Receiver) -> bool:
+    """A gate that does not say whether it uses the database may."""
+    return True

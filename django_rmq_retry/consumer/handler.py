@@ -168,6 +168,28 @@ class Handler:
         verdict = Run(verdict.body, passed.data)
         return Attempt(d, rec, env, self._message(d, rec, env, headers, verdict), start_key)
 
+    def prepares_on_loop(self, d: Delivery) -> bool:
+        """Whether :meth:`prepare` of ``d`` never touches the database, so an event loop may
+        run it itself (the async pool then does, with no thread switch): a receiver's
+        delivery the delivery limit does not count, with no gate that may use it."""
+        rec = d.receiver
+        if rec is None or (
+            self.limits is not None and self.limits.applies(d, d.properties.get("headers") or {})
+        ):
+            return False
+        return not self.gates.uses_database(rec)
+
+    def concludes_on_loop(self, step: Attempt, error: BaseException | None) -> bool:
+        """As :meth:`prepares_on_loop`, for :meth:`conclude`: a receiver that returned (a
+        failure reads its retry policy, maybe from the database), of a message no requeue
+        operation waits for, with no gate that may use the database."""
+        headers = step.delivery.properties.get("headers") or {}
+        return (
+            error is None
+            and self._operation_header not in headers
+            and not self.gates.uses_database(step.receiver)
+        )
+
     def observe(self, step: Attempt) -> None:
         """The hooks' start of an attempt, in the context its receiver runs in, just before
         it runs."""

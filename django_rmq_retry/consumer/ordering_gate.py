@@ -65,6 +65,10 @@ class OrderingGate:
         self._next_sweep = 0.0
         holds.connect()
 
+    def uses_database(self, rec: Receiver) -> bool:
+        """The holds' rows: only an ordered receiver's deliveries (``gates``)."""
+        return rec.ordering_key is not None
+
     def check(self, arrival: Arrival) -> GateOutcome | None:
         rec = arrival.receiver
         if rec.ordering_key is None:

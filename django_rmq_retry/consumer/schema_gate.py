@@ -31,6 +31,11 @@ class SchemaGate:
         self.context = context
         self._plans: dict[tuple[int, str], tuple[Receiver, Plan | None]] = {}
 
+    def uses_database(self, rec: Receiver) -> bool:
+        """A schema's validators are user code and may (``gates``); an untyped receiver's
+        deliveries, never."""
+        return any(plan_for(rec, key) is not None for key in rec.routing_keys)
+
     def check(self, arrival: Arrival) -> GateOutcome | None:
         rec, routing_key = arrival.receiver, arrival.envelope.routing_key
         known = self._plans.get((id(rec), routing_key))
