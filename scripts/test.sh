@@ -6,6 +6,8 @@
 #             Python 3.13, the newest Django 6.x and the newest pika (tox env "newest")
 #   rabbit4   the broker-facing suites against RabbitMQ 4.0 (scripts/brokers.sh rabbit4),
 #             with classic queues and again with quorum queues
+#   rabbit43  what RabbitMQ 4.3 changes, against 4.3 (scripts/brokers.sh rabbit43), with
+#             classic and with quorum queues, its node restarted last
 #   cluster   the cluster scenarios on three RabbitMQ 3.10 nodes (scripts/brokers.sh cluster)
 #   release   the sdist and wheel in two new projects, Python 3.10 + Django 5.2 and 3.13 + 6.x,
 #             with least-privilege RabbitMQ users, as the docs say (scripts/release_check.sh)
@@ -18,10 +20,10 @@
 # use are fetched once before they start. What stops or reconfigures a shared service runs
 # once its other users are done (see "The newest leg runs in five parts" below):
 #   phase 1   checks (ruff, import layering, migrations, mypy), oldest and oldest-2, newest,
-#             newest-2 and newest-faults, rabbit4, rabbit4-2 and rabbit4-quorum, cluster,
-#             release
+#             newest-2 and newest-faults, rabbit4, rabbit4-2 and rabbit4-quorum, rabbit43 and
+#             rabbit43-quorum, cluster, release
 #   phase 2   rabbit4-node (the 4.0 node stopped or set node-wide) once rabbit4's other parts
-#             are done, beside what is left of phase 1; then newest-broker (the same for the
+#             are done, rabbit43-node (the 4.3 node restarted) once rabbit43's are, beside what is left of phase 1; then newest-broker (the same for the
 #             system RabbitMQ) once oldest's, newest's, rabbit4's other parts and release are
 #   phase 3   newest-db (PostgreSQL stopped), alone
 # The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
@@ -30,7 +32,7 @@
 # some with LEGS (e.g. LEGS="oldest newest" scripts/test.sh; one leg alone streams its output
 # to the terminal). Extra arguments go to pytest (e.g. scripts/test.sh -k requeue).
 source "$(dirname "$0")/_common.sh"
-ALL_LEGS="oldest newest rabbit4 cluster release"
+ALL_LEGS="oldest newest rabbit4 rabbit43 cluster release"
 LEGS="${LEGS:-$ALL_LEGS}"
 LEGS="${LEGS//sqlite/oldest}"  # the legs' names before the support matrix
 LEGS="${LEGS//postgres/newest}"
@@ -206,7 +208,7 @@ R4_CLASSIC=(tests/faults/test_process_faults.py tests/faults/test_async_killed.p
   tests/test_failover.py tests/contract tests/test_publish_batches.py
   tests/test_publish_refusals.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
   tests/test_prefetch_bound.py tests/test_broker_url.py tests/test_permissions.py
-  tests/test_adversary_consumer.py tests/test_adversary_decoding.py)
+  tests/test_adversary_consumer.py tests/test_adversary_decoding.py tests/test_doctor.py)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
   tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
@@ -266,6 +268,51 @@ leg_rabbit4_node() {
   r4 quorum "${R4_NODE_QUORUM[@]}" "$@" || rc=$?
   return "$rc"
 }
+
+# RabbitMQ 4.3: what it changes for a consumer library, not every suite a third time. The
+# quorum consumer timeout (a basic.cancel, the message delivered again: test_consumer_timeout,
+# marked rabbit43 and run here only), what counts toward a quorum queue's delivery limit
+# (test_quorum_limits, the consumer SIGKILLed), dead-lettering of the retry cascade (retries,
+# landing, parking), cancels and reconnects (test_broker_edges), what it refuses (publish and
+# retry-copy refusals, the frame budget, permissions) and the doctor, then one node restart
+# with quorum queues. Both passes side by side once the node is up ("rabbit43-up"), the
+# restart after them ("rabbit43-node").
+R43_CLASSIC=(tests/test_retries.py tests/test_broker_edges.py tests/test_permissions.py
+  tests/test_landing.py tests/test_publish_refusals.py tests/test_retry_copy_refusals.py
+  tests/test_frame_budget.py tests/test_happy_path.py tests/test_doctor.py)
+R43_QUORUM=(tests/faults/test_quorum_limits.py tests/test_retries.py tests/test_parking.py
+  tests/test_landing.py tests/test_consumer_timeout.py tests/faults/test_consumer_killed.py
+  tests/test_prefetch_bound.py tests/test_quorum_topology.py tests/test_doctor.py)
+R43_NODE_QUORUM=(tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
+r43() (  # r43 PASS PYTEST_ARGS...: pytest against the 4.3 node (as r4 does for 4.0)
+  local pass="$1" env
+  shift
+  env="$(bash scripts/brokers.sh rabbit43 env)" || return
+  eval "$env"
+  export RMQ_RABBIT43=1  # its rabbit43-marked tests run here (tests/conftest.py)
+  if [ "$pass" = quorum ]; then
+    say "pytest against RabbitMQ 4.3, quorum queues (PostgreSQL)"
+    export RMQ_QUEUE_TYPE=quorum FAULTS_KILL_MESSAGES=2500 FAULTS_KILLS=10
+  else
+    say "pytest against RabbitMQ 4.3, classic queues (PostgreSQL)"
+  fi
+  DATABASE_URL="$PG_URL" "$PY" -m pytest -m "not cluster" "$@"
+)
+leg_rabbit43_up() { bash scripts/brokers.sh rabbit43 up; }
+r43_part() {  # r43_part PASS FILE... -- PYTEST_ARGS...: test paths of the caller's win
+  local pass="$1" files=()
+  shift
+  while [ "$1" != -- ]; do files+=("$1"); shift; done
+  shift
+  if paths_given "$@"; then
+    [ "$pass" = classic ] || { nothing_if_paths "$@"; return 0; }
+    files=()
+  fi
+  r43 "$pass" "${files[@]}" "$@"
+}
+leg_rabbit43() { r43_part classic "${R43_CLASSIC[@]}" -- "$@"; }
+leg_rabbit43_quorum() { r43_part quorum "${R43_QUORUM[@]}" -- "$@"; }
+leg_rabbit43_node() { nothing_if_paths "$@" && return 0; r43 quorum "${R43_NODE_QUORUM[@]}" "$@"; }
 
 # Three RabbitMQ 3.10 nodes of their own (the system node stays untouched), quorum queues.
 leg_cluster() {
@@ -377,9 +424,9 @@ chosen=()
 for leg in $ALL_LEGS; do leg_on "$leg" && chosen+=("$leg"); done
 STREAM=""
 [ ${#chosen[@]} -eq 1 ] && [ -z "${CI:-}" ] && STREAM=1
-if leg_on newest || leg_on rabbit4 || leg_on cluster; then
+if leg_on newest || leg_on rabbit4 || leg_on rabbit43 || leg_on cluster; then
   if ! need_postgres; then
-    say "PostgreSQL not available: skipped the newest, rabbit4 and cluster legs (install postgresql)"
+    say "PostgreSQL not available: skipped the newest, rabbit4, rabbit43 and cluster legs (install postgresql)"
     chosen=()
     leg_on oldest && chosen+=(oldest)
     leg_on release && chosen+=(release)
@@ -417,6 +464,12 @@ if on rabbit4; then
   add_part rabbit4-quorum rabbit4-up leg_rabbit4_quorum "$(tmp rabbit4-quorum)" "$@"
   add_part rabbit4-node "rabbit4 rabbit4-2 rabbit4-quorum" leg_rabbit4_node \
     "$(tmp rabbit4-node)" "$@"
+fi
+if on rabbit43; then
+  add_part rabbit43-up "" leg_rabbit43_up
+  add_part rabbit43 rabbit43-up leg_rabbit43 "$(tmp rabbit43)" "$@"
+  add_part rabbit43-quorum rabbit43-up leg_rabbit43_quorum "$(tmp rabbit43-quorum)" "$@"
+  add_part rabbit43-node "rabbit43 rabbit43-quorum" leg_rabbit43_node "$(tmp rabbit43-node)" "$@"
 fi
 on cluster && add_part cluster "" leg_cluster "$(tmp cluster)" "$@"
 on release && add_part release "" leg_release "$@"

@@ -5,7 +5,8 @@ copy adds ours (attempt, route, due time, error text...). The content header tra
 one frame, so a copy that grows past the negotiated ``frame_max`` is refused by the broker
 closing the connection: every unsettled neighbour came back and ran again, and the culprit
 looped until the delivery limit parked it as "connection lost". Here the consumer
-negotiates ``frame_max`` 4096 through its URL (RabbitMQ honours a client's smaller value).
+negotiates ``frame_max`` 8192 through its URL (RabbitMQ honours a client's smaller value;
+since 4.1 it refuses a connection that asks for less than 8192).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.conftest import BROKER_URL
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
-FRAME_MAX = 4096
+FRAME_MAX = 8192  # the smallest RabbitMQ 4.1+ accepts
 SMALL_FRAMES = f"{BROKER_URL}{'&' if '?' in BROKER_URL else '?'}frame_max={FRAME_MAX}"
 
 
@@ -48,7 +49,7 @@ def _padded(room_left: int) -> dict:
 
 
 def test_retry_copy_fits_the_frame_or_parks_at_once(rmq, registry_snapshot):
-    """Three kinds of message on one receiver (max_attempts 2), consumed at frame_max 4096:
+    """Three kinds of message on one receiver (max_attempts 2), consumed at frame_max 8192:
 
     - ``roomy``: 600 bytes left: our headers, the long error text shrunk, fit: 2 runs,
       parked as exhausted, its copy carries the attempt and a shortened error;
@@ -113,7 +114,7 @@ def test_retry_copy_fits_the_frame_or_parks_at_once(rmq, registry_snapshot):
 
 
 def test_a_parked_message_whose_requeue_copy_cannot_fit_is_refused_not_sent(rmq, registry_snapshot):
-    """Parked at once because its retry copy could not fit frame_max 4096, the message is
+    """Parked at once because its retry copy could not fit frame_max 8192, the message is
     requeued with a small neighbour: the requeue copy (our route, row id and count) cannot
     fit either, so it is refused before the broker sees it: counted failed with a reason
     naming the frame limit, its row stays parked; the neighbour is requeued and runs."""
@@ -145,7 +146,7 @@ def test_a_parked_message_whose_requeue_copy_cannot_fit_is_refused_not_sent(rmq,
         assert ParkedMessage.objects.count() == 2
         result = parking.requeue(ParkedMessage.objects.all())
         assert (result.requeued, result.failed) == (1, 1), result
-        assert any("frame_max 4096" in e for e in result.errors), result.errors
+        assert any(f"frame_max {FRAME_MAX}" in e for e in result.errors), result.errors
         call_command("rmq_consume", "fails_big", max_idle_time=2, verbosity=0)
     assert runs == {"tight": 1, "small": 2}
     statuses = {json.loads(bytes(p.body))["id"]: p.status for p in ParkedMessage.objects.all()}

@@ -89,9 +89,11 @@ def test_warm_restarts_with_a_backlog_lose_nothing(rmq, procs):
 def test_a_message_past_the_brokers_delivery_limit_is_parked_not_dropped(rmq, procs):
     """A message given back more often than the quorum queue's limit ends as a parked row.
 
-    A client that is not ours takes it and gives it back (``basic.nack`` with requeue) over
+    A client that is not ours takes it and gives it back (``basic.reject`` with requeue) over
     and over, a loop our consumer cannot count. The broker dead-letters it at its limit; the
     consumer parks it under its receiver, and a requeue of that row is handled normally.
+    (A reject: from 4.3 a ``basic.nack`` no longer counts toward the limit, and a nack loop
+    there is not bounded by the broker at all.)
     """
     from django_rmq_retry import parking
     from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
@@ -112,7 +114,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_parked_not_dropped(rmq, pr
                 if method is None:
                     break
                 deliveries += 1
-                ch.basic_nack(method.delivery_tag, requeue=True)
+                ch.basic_reject(method.delivery_tag, requeue=True)
             looped_for = time.monotonic() - t0
             # Delivered limit + 1 times, then dead-lettered (not dropped, not kept for ever).
             assert deliveries == QUORUM_DELIVERY_LIMIT + 1, deliveries
