@@ -6,6 +6,7 @@ declares ``TASKS`` when either is there.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -59,7 +60,7 @@ def test_priority_maps_onto_eleven_rabbitmq_priorities():
 
 
 # In memory ---------------------------------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_a_task_runs_and_its_result_is_read_back():
     seen = []
 
@@ -101,7 +102,7 @@ def test_in_memory_a_task_runs_and_its_result_is_read_back():
     assert {i for _s, i, _st in seen} == {result.id}
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_retries_count_attempts_and_keep_one_error_each():
     finished = []
 
@@ -125,7 +126,7 @@ def test_in_memory_retries_count_attempts_and_keep_one_error_each():
     assert finished == [TaskResultStatus.SUCCESSFUL]  # once, when the outcome is final
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_exhausted_task_is_parked_with_its_arguments():
     with InMemoryBroker() as broker:
         result = t.always_fails.enqueue("transient")
@@ -141,7 +142,7 @@ def test_in_memory_exhausted_task_is_parked_with_its_arguments():
     assert row.receiver == "tasks.default.tests.tasksproject.tasks.always_fails"
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_non_retryable_error_parks_at_once():
     with InMemoryBroker() as broker:
         result = t.always_fails.enqueue("permanent")
@@ -152,7 +153,7 @@ def test_in_memory_non_retryable_error_parks_at_once():
     assert ParkedMessage.objects.get().reason == "non_retryable"
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_deferred_task_waits_in_the_delay_levels():
     with InMemoryBroker() as broker:
         result = t.add.using(run_after=timezone.now() + timedelta(hours=2)).enqueue(1, 1)
@@ -162,7 +163,7 @@ def test_in_memory_deferred_task_waits_in_the_delay_levels():
     assert run.at >= 2 * 3600 - 1  # virtual seconds: the levels held it two hours
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_async_task_runs():
     with InMemoryBroker() as broker:
         result = t.async_add.enqueue(20, 22)
@@ -171,7 +172,7 @@ def test_in_memory_async_task_runs():
     assert result.return_value == 42
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_aenqueue_and_aget_result():
     from asgiref.sync import async_to_sync
 
@@ -182,7 +183,7 @@ def test_aenqueue_and_aget_result():
     assert again.status == TaskResultStatus.SUCCESSFUL and again.return_value == 9
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("error", ["UnroutableError", "BrokerUnavailable"])
 def test_a_task_not_enqueued_leaves_no_result_row(monkeypatch, error):
     from django_rmq_retry.core import errors
@@ -199,7 +200,7 @@ def test_a_task_not_enqueued_leaves_no_result_row(monkeypatch, error):
     assert not TaskResultRecord.objects.exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_results_off_writes_no_row_and_get_result_says_so():
     options = {"results": False}
     tasks_setting = {
@@ -242,7 +243,7 @@ def test_outbox_sends_a_task_only_if_the_transaction_commits():
         assert not TaskResultRecord.objects.filter(id=rolled_back.id).exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_admin_shows_each_attempt_and_requeues_the_parked_task(admin_client):
     from django.contrib.admin import helpers
     from django.urls import reverse
@@ -365,7 +366,7 @@ def test_real_broker_runs_a_high_priority_task_first(rmq):
 
 
 # The tutorial ----------------------------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_tutorials_tasks_module_runs_as_written(tmp_path, monkeypatch, registry_snapshot):
     """docs/tutorial/tasks.md's ``TASKS`` and ``shop/tasks.py``, word for word, on this
     Django (6.x, or 5.2 with the backport): it imports, its options are taken, a task runs."""
@@ -395,3 +396,107 @@ def test_the_tutorials_tasks_module_runs_as_written(tmp_path, monkeypatch, regis
             broker.run_until_idle()
         result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+
+
+# Transactions ------------------------------------------------------------------------------
+def _depth(rmq, task_name: str) -> int:
+    queue = f"{rmq.prefix}.tasks.default.tests.tasksproject.tasks.{task_name}"
+    return rmq.ch().queue_declare(queue, passive=True).method.message_count
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_a_task_enqueued_in_a_rolled_back_transaction_never_runs(rmq):
+    from django.db import transaction
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        doomed = t.add.enqueue(1, 1)
+        raise RuntimeError("roll back")
+    kept = t.add.enqueue(2, 2)  # in autocommit: published now, a marker that we consumed
+    consume("tasks.default.tests.tasksproject.tasks.add", count=1, idle=10)
+    assert t.RUNS == [("add", 1, [2, 2])]
+    assert _depth(rmq, "add") == 0  # nothing else was ever published
+    assert not TaskResultRecord.objects.filter(id=doomed.id).exists()
+    assert TaskResultRecord.objects.get(id=kept.id).status == "SUCCESSFUL"
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_a_task_enqueued_before_its_commit_runs_once_after_it(rmq):
+    """The row is in the transaction, the message is not on the broker until the commit:
+    a worker can never see the task before its row (the duplicate-key park of a worker
+    that raced the commit)."""
+    from django.db import transaction
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    with transaction.atomic():
+        result = t.add.enqueue(20, 22)
+        assert _depth(rmq, "add") == 0  # not published before the commit
+    assert wait_for(lambda: _depth(rmq, "add") == 1, 30)
+    consume("tasks.default.tests.tasksproject.tasks.add", count=1, idle=10)
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert t.RUNS == [("add", 1, [20, 22])]
+    assert not ParkedMessage.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_not_published_after_its_commit_is_failed_with_why(monkeypatch):
+    from django.db import transaction
+
+    from django_rmq_retry.core.errors import BrokerUnavailable
+
+    with InMemoryBroker() as broker:
+
+        def refuse(*args, **kwargs):
+            raise BrokerUnavailable("no broker")
+
+        monkeypatch.setattr(broker.publisher, "_send_batch", refuse)
+        with pytest.raises(BrokerUnavailable), transaction.atomic():
+            result = t.add.enqueue(1, 2)
+    row = TaskResultRecord.objects.get(id=result.id)
+    assert row.status == "FAILED"
+    assert [e["exception_class_path"] for e in row.errors] == [
+        "django_rmq_retry.core.errors.BrokerUnavailable"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parked_task_is_failed_once_whatever_parked_it():
+    """The result follows the consumer's park, for any cause, and task_finished is sent
+    once: a second park signal of the same task (a redelivered park) changes nothing."""
+    from django_rmq_retry.signals import message_parked
+
+    finished = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append((task_result.id, task_result.status))
+
+    task_finished.connect(on_finished)
+    try:
+        with InMemoryBroker():
+            result = t.add.enqueue(1, 2)  # not consumed: a park before it ever ran
+        msg_body = bytes(
+            json.dumps(
+                {
+                    "task": "tests.tasksproject.tasks.add",
+                    "id": result.id,
+                    "backend": "default",
+                    "queue_name": "default",
+                    "args": [1, 2],
+                    "kwargs": {},
+                    "enqueued_at": timezone.now().isoformat(),
+                }
+            ),
+            "utf-8",
+        )
+        row = ParkedMessage(body=msg_body, error_type="", traceback="")
+        sender = "tasks.default.tests.tasksproject.tasks.add"
+        for created in (True, False):
+            message_parked.send(sender=sender, parked=row, reason="delivery_limit", created=created)
+    finally:
+        task_finished.disconnect(on_finished)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.finished_at is not None
+    assert finished == [(result.id, TaskResultStatus.FAILED)]

@@ -18,6 +18,7 @@ requeue; there is no second worker loop.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,13 +26,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from ..core.backoff import Policy
 from ..registry import Registry, default_registry
 from ..topics import Topic
-from . import results
+from . import parked, results
 from .api import BaseTaskBackend, Task, TaskResult, normalize_json, task_enqueued
 from .defer import publish_deferred
 from .results import READY
@@ -112,6 +114,7 @@ class RabbitMQBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['retry']: {exc}") from exc
         self.registry: Registry = options.get("registry") or default_registry
+        parked.connect()  # a parked task's result: FAILED, then task_finished
 
     # Declaring ---------------------------------------------------------------------------
     def validate_task(self, task: Task) -> None:
@@ -133,8 +136,15 @@ class RabbitMQBackend(BaseTaskBackend):
 
     # Enqueueing --------------------------------------------------------------------------
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Publish the task with a confirm (or, with ``outbox``, write it in the current
-        transaction: it is sent if and only if that commits)."""
+        """Enqueue as Django's transactions mean it.
+
+        Outside a transaction: the result row is committed, then the task is published with
+        a confirm (no row is left if that fails). Inside ``atomic()``: the row is written in
+        that transaction and the task is published once it commits (``on_commit``), so no
+        worker can run it before its row is visible, and a rollback leaves neither row nor
+        task. With ``outbox``: the task is an outbox row in the same transaction, sent if
+        and only if it commits, even if this process dies right after the commit.
+        """
         self.validate_task(task)
         now = timezone.now()
         msg = TaskMessage(
@@ -149,14 +159,6 @@ class RabbitMQBackend(BaseTaskBackend):
             run_after=task.run_after,
             enqueued_at=now,
         )
-        if self.results:
-            results.write_enqueued(msg)
-        try:
-            self._send(msg)
-        except Exception:  # not enqueued (refused, broker down, outbox write failed): no row
-            if self.results:
-                results.forget(msg.result_id)
-            raise
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=msg.result_id,
@@ -171,8 +173,33 @@ class RabbitMQBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
+        db = results.database()
+        if self.results:
+            results.write_enqueued(msg)
+        if not self.outbox and transaction.get_connection(db).in_atomic_block:
+            transaction.on_commit(
+                functools.partial(self._publish_committed, msg, result), using=db, robust=False
+            )
+            return result
+        try:
+            self._send(msg)
+        except Exception:  # not enqueued (refused, broker down, outbox write failed): no row
+            if self.results:
+                results.forget(msg.result_id)
+            raise
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _publish_committed(self, msg: TaskMessage, result: TaskResult) -> None:
+        """After the enqueuing transaction committed: publish. If that fails the row stays
+        (it was committed) but says FAILED, with why, and the error reaches the caller."""
+        try:
+            self._send(msg)
+        except Exception as exc:
+            if self.results:
+                results.not_sent(msg.result_id, exc)
+            raise
+        task_enqueued.send(type(self), task_result=result)
 
     def _send(self, msg: TaskMessage) -> None:
         topic = Topic(receiver_name(msg.queue_name, msg.task_path))

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from traceback import format_exception
 from typing import Any
 
 from django.db import router
@@ -34,10 +35,15 @@ _sweep_lock = threading.Lock()
 _last_sweep = 0.0
 
 
+def database() -> str:
+    """The database alias the results table is written to."""
+    return router.db_for_write(TaskResultRecord)
+
+
 def write_enqueued(msg: TaskMessage) -> None:
     """The row of a task just enqueued (status READY)."""
     now = timezone.now()
-    db = router.db_for_write(TaskResultRecord)
+    db = database()
     TaskResultRecord.objects.using(db).create(
         id=msg.result_id,
         backend=msg.backend,
@@ -55,7 +61,20 @@ def write_enqueued(msg: TaskMessage) -> None:
 
 def forget(result_id: str) -> None:
     """Delete the row of a task whose publish failed (it was never enqueued)."""
-    TaskResultRecord.objects.filter(id=result_id).delete()
+    TaskResultRecord.objects.using(database()).filter(id=result_id).delete()
+
+
+def not_sent(result_id: str, exc: BaseException) -> None:
+    """The task of a committed row could not be published after the commit: FAILED, with
+    the publish error as its one error (no worker will ever run it)."""
+    now = timezone.now()
+    error = {
+        "exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "traceback": "".join(format_exception(exc)),
+    }
+    TaskResultRecord.objects.using(database()).filter(id=result_id, status=READY).update(
+        status=FAILED, finished_at=now, updated_at=now, errors=[error]
+    )
 
 
 def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> TaskResultRecord:
@@ -125,11 +144,17 @@ def finished(
     return _update(msg, change)
 
 
-def parked(result_id: str, at: datetime) -> None:
-    """The task was parked without a last attempt ending here (delivery limit, orphan)."""
-    TaskResultRecord.objects.filter(id=result_id).exclude(status__in=[FAILED, SUCCESSFUL]).update(
-        status=FAILED, finished_at=at, updated_at=at
+def parked(result_id: str, at: datetime) -> bool:
+    """The consumer parked the task (after its last attempt, or before running it: delivery
+    limit, undecodable, refused retry copy): its result is FAILED. ``True`` if this call
+    made it so (one conditional ``UPDATE``; a row already final stays as it is)."""
+    changed = (
+        TaskResultRecord.objects.using(database())
+        .filter(id=result_id)
+        .exclude(status__in=[FAILED, SUCCESSFUL])
+        .update(status=FAILED, finished_at=at, updated_at=at)
     )
+    return changed == 1
 
 
 def as_result(record: TaskResultRecord, task: Task) -> TaskResult:

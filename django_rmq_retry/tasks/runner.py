@@ -1,10 +1,11 @@
 """``TaskRunner``: the receiver that runs one task message.
 
 The consumer hands it a delivery like any receiver's; what it raises goes through the same
-decision (retry through the delay levels, or park) as any receiver's. Around the task it
-writes the result row (when the backend keeps results) and sends Django's
-``task_started`` and ``task_finished`` signals; ``task_finished`` only once the task's
-outcome is final (it succeeded, or it failed and will not be retried).
+decision (retry through the delay levels, or park) as any receiver's, and that decision is
+the only one: the runner never guesses it. Around the task it writes the result row (when
+the backend keeps results) and sends Django's ``task_started`` signal, and
+``task_finished`` when the task succeeded; a task the consumer parks gets its FAILED and its
+``task_finished`` from ``parked`` once the parked row is committed.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from django.utils.module_loading import import_string
 from ..conf import current_levels, current_names
 from ..core.errors import Reject
 from ..core.message import Message
-from ..core.outcome import Park, decide
 from ..core.unit_threads import db_executor
 from ..registry import Receiver
-from ..registry.policies import policy_cache
 from . import results
 from .api import (
     Task,
@@ -42,7 +41,7 @@ from .api import (
     task_started,
 )
 from .defer import publish_deferred
-from .results import FAILED, READY, RUNNING, SUCCESSFUL
+from .results import READY, RUNNING, SUCCESSFUL
 from .task_message import TaskMessage
 
 logger = logging.getLogger("django_rmq_retry.tasks")
@@ -85,7 +84,7 @@ class TaskRunner:
         loaded = self.load(message)
         if loaded is not None:
             backend, task, msg = loaded
-            run(backend, task, msg, message.attempt, receiver)
+            run(backend, task, msg, message.attempt)
 
     def load(self, message: Message) -> tuple[Any, Task, TaskMessage] | None:
         """The backend, task and message to run (``None``: sent on to its ``run_after``)."""
@@ -130,7 +129,7 @@ def async_runner(runner: TaskRunner) -> Callable[..., Any]:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            await _sync(_failed)(type(backend), result, msg, message.attempt, receiver, exc, keep)
+            await _sync(_failed)(msg, result, exc, keep)
             raise
         await _sync(_succeeded)(backend, result, msg, value, keep)
 
@@ -190,7 +189,7 @@ def _task(msg: TaskMessage) -> Task:
     return task.using(queue_name=msg.queue_name, priority=msg.priority, run_after=msg.run_after)
 
 
-def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Receiver) -> None:
+def run(backend: Any, task: Task, msg: TaskMessage, attempt: int) -> None:
     """One attempt of ``task``: result row and signals around it; re-raises its error."""
     result, keep = begin(backend, task, msg, attempt)
     try:
@@ -198,7 +197,7 @@ def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Rece
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        _failed(type(backend), result, msg, attempt, receiver, exc, keep)
+        _failed(msg, result, exc, keep)
         raise
     _succeeded(backend, result, msg, value, keep)
 
@@ -259,30 +258,18 @@ def _succeeded(
     task_finished.send(type(backend), task_result=result)
 
 
-def _failed(
-    sender: type,
-    result: TaskResult,
-    msg: TaskMessage,
-    attempt: int,
-    receiver: Receiver,
-    exc: BaseException,
-    keep: bool,
-) -> None:
-    """Record the failed attempt; final (FAILED) when the policy parks it, else READY."""
+def _failed(msg: TaskMessage, result: TaskResult, exc: BaseException, keep: bool) -> None:
+    """Record the failed attempt; the result stays READY. Whether another attempt follows
+    is the consumer's decision alone (retry, or park: ``parked.on_task_parked`` makes the
+    result FAILED and sends ``task_finished`` once the parked row is committed)."""
     error = TaskError(
         exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
         traceback="".join(format_exception(exc)),
     )
-    final = isinstance(decide(attempt, exc, policy_cache.for_receiver(receiver)), Park)
-    status = FAILED if final else READY
-    at = timezone.now()
     try:
         if keep:
-            results.finished(msg, status, at, error=error)
+            results.finished(msg, READY, timezone.now(), error=error)
     except Exception:  # the task's own error decides what happens next, not this write
         logger.exception("task %s: could not record the failed attempt", msg.result_id)
     result.errors.append(error)
-    object.__setattr__(result, "status", status)
-    if final:
-        object.__setattr__(result, "finished_at", at)
-        task_finished.send(sender, task_result=result)
+    object.__setattr__(result, "status", READY)
