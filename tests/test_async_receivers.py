@@ -19,6 +19,8 @@ from django_rmq_retry.registry import Registry, default_registry
 from tests.conftest import read_log, start_consumer, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+#: On the receivers' own loop (the default) and on the consumer's (``ASYNC_ON_IO_LOOP``).
+ON_EITHER_LOOP = pytest.mark.parametrize("on_io_loop", [False, True], ids=["own-loop", "io-loop"])
 
 
 @pytest.fixture
@@ -60,12 +62,13 @@ def test_async_receivers_run_concurrently_on_one_thread_and_stay_in_their_bound(
     assert rmq.depth(rmq.queue("delta")) == 0
 
 
-def test_async_receiver_retries_and_parks_like_a_plain_one(rmq, aio):
+@ON_EITHER_LOOP
+def test_async_receiver_retries_and_parks_like_a_plain_one(rmq, aio, on_io_loop):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     aio.aio_topic.send({"id": "once", "fail": 1})
     aio.aio_topic.send({"id": "never", "fail": "always"})
     aio.aio_topic.send({"id": "no", "reject": True})
-    consume(1 + 2 + 3 + 1)  # once x2, never x3, no x1
+    consume(1 + 2 + 3 + 1, ASYNC_ON_IO_LOOP=on_io_loop)  # once x2, never x3, no x1
     log = read_log(rmq.log)
     attempts = Counter(e["id"] for e in log if e["event"] == "start")
     assert attempts == {"once": 2, "never": 3, "no": 1}
@@ -77,7 +80,8 @@ def test_async_receiver_retries_and_parks_like_a_plain_one(rmq, aio):
     assert rmq.depth(rmq.queue("delta")) == 0
 
 
-def test_warm_shutdown_finishes_async_receivers_in_flight(rmq, aio):
+@ON_EITHER_LOOP
+def test_warm_shutdown_finishes_async_receivers_in_flight(rmq, aio, on_io_loop):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     total = 30
     for i in range(total):
@@ -92,6 +96,7 @@ def test_warm_shutdown_finishes_async_receivers_in_flight(rmq, aio):
         "10",
         RMQ_TEST_ASYNC="1",
         RMQ_ASYNC_CONCURRENCY="3",
+        RMQ_ASYNC_ON_IO_LOOP="1" if on_io_loop else "0",
     )
     assert wait_for(lambda: sum(e["event"] == "start" for e in read_log(rmq.log)) >= 3, 60)
     proc.send_signal(signal.SIGTERM)
