@@ -252,8 +252,9 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         self._queue_by_tag[tag] = queue_name
 
     def _cancelled_queues(self) -> list[str]:
-        """The broker cancelled consumers (``basic.cancel``): their queue was deleted, or the
-        node holding it went away. The queues to declare again and consume again (none
+        """The broker cancelled consumers (``basic.cancel``): their queue was deleted, the
+        node holding it went away, or (RabbitMQ 4.3, quorum) a delivery overran the queue's
+        consumer timeout (``overruns``). The queues to declare again and consume again (none
         while stopping)."""
         tags, self._cancelled[:] = list(self._cancelled), []
         for tag in tags:
@@ -262,8 +263,9 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         if not queues or self._stop.is_set():
             return []
         logger.error(
-            "RabbitMQ cancelled the consumer of %s (queue deleted, or its node went down); "
-            "declaring the topology again and resuming",
+            "RabbitMQ cancelled the consumer of %s (queue deleted, its node went down, or a "
+            "delivery overran the queue's consumer timeout); declaring the topology again "
+            "and resuming",
             ", ".join(queues),
         )
         return queues
