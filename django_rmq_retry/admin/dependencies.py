@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from ..breakers import overview, state
 from ..core.breaker import State
 from ..models import Dependency
+from .common import _when
 
 #: The buttons: the state each sets, and what the operator is told once it took effect.
 VERBS = {
@@ -81,7 +82,9 @@ class DependencyAdmin(admin.ModelAdmin):
                 {
                     "view": view,
                     "label": view.breaker.state.value.replace("_", "-"),
-                    "history": state.history(view.name, limit=10),
+                    "since": _when(view.breaker.since),
+                    "next_probe": _when(view.next_probe),
+                    "history": [(_when(e.at), e) for e in state.history(view.name, limit=10)],
                     "verb": verb,
                     "verb_label": VERBS[verb][1],
                     "verb_url": reverse(
