@@ -19,7 +19,7 @@ from ..models import OutboxMessage, OutboxStatus
 from ..outbox import RelayRound, publish_pending, relay_wakeup
 from ..outbox.drain import Drain
 from ..outbox.relay import WAITING_PAUSE
-from ..parking import group_counts
+from ..parking import group_counts, holds
 from .inbox import purge_handled
 from .operations_runner import OperationsRunner
 
@@ -29,6 +29,11 @@ logger = logging.getLogger("django_rmq_retry.outbox")
 CHORES_EVERY = 3600.0
 #: Seconds between two checks of the thread's database connection (``close_old_connections``).
 RECYCLE_EVERY = 60.0
+#: Seconds a per-key hold may stay releasing with no progress before its rows are published
+#: again (their copies were lost: a process died between its commit and its publish). A
+#: copy published twice finds its row gone the second time and is acked: a short wait costs
+#: duplicate copies at worst, never order.
+RELEASE_STALL_SECONDS = 15.0
 
 
 class Housekeeper:
@@ -71,6 +76,7 @@ class Housekeeper:
         backoff = CappedBackoff(0.5, float(app_settings.RECONNECT_MAX_DELAY))
         next_chores = 0.0
         next_recycle = 0.0
+        next_sweep = 0.0
         while not self.stop.is_set():
             relay_wakeup.clear()
             if time.monotonic() >= next_recycle:
@@ -93,6 +99,9 @@ class Housekeeper:
             if time.monotonic() >= next_chores:
                 next_chores = time.monotonic() + CHORES_EVERY
                 self._chores()
+            if time.monotonic() >= next_sweep:  # per-key order: releases whose copies got lost
+                next_sweep = time.monotonic() + RELEASE_STALL_SECONDS / 3
+                _sweep_stalled_releases()
             if step == Drain.NEXT:
                 continue
             if step == Drain.PAUSE:  # rows held up by another relay's round
@@ -145,3 +154,10 @@ class Housekeeper:
                 )
         except DatabaseError as exc:
             logger.warning("hourly chores failed (%s); next try in an hour", exc)
+
+
+def _sweep_stalled_releases() -> None:
+    try:
+        holds.release_stalled(RELEASE_STALL_SECONDS)
+    except Exception:  # the database or the broker is away: the next round tries again
+        logger.exception("per-key order: publishing the rows of stalled releases failed")

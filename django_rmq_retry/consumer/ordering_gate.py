@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 from ..core.gate_outcome import GateOutcome, Settled
@@ -40,10 +39,6 @@ from .gates import Arrival, GateContext
 
 logger = logging.getLogger("django_rmq_retry.ordering")
 
-#: Seconds a hold may stay releasing with no progress before its rows are published again
-#: (their copies were lost: a process died between its commit and its publish).
-RELEASE_STALL_SECONDS = 60.0
-
 
 @dataclass(frozen=True)
 class _Seen:
@@ -62,7 +57,6 @@ class OrderingGate:
         self.names = context.names
         self._held_header = context.names.header(holds.HELD_HEADER)
         self._local = threading.local()
-        self._next_sweep = 0.0
         holds.connect()
 
     def uses_database(self, rec: Receiver) -> bool:
@@ -73,7 +67,6 @@ class OrderingGate:
         rec = arrival.receiver
         if rec.ordering_key is None:
             return None
-        self._sweep()
         d, env = arrival.delivery, arrival.envelope
         try:
             key = rec.key_of(_message(arrival))
@@ -131,23 +124,12 @@ class OrderingGate:
         except Exception:
             if step is Step.HOLD:
                 raise  # nothing may run past this failure: give the delivery back
-            # A release that did not publish leaves the hold releasing: the sweep publishes
-            # its rows again (RELEASE_STALL_SECONDS); the receiver's work stands.
+            # A release that did not publish leaves the hold releasing: the consumer's
+            # housekeeper publishes its rows again (``housekeeper.RELEASE_STALL_SECONDS``).
             logger.exception(
                 "%s: releasing key %r failed; the sweep will retry", rec.name, seen.key
             )
         return None
-
-    def _sweep(self) -> None:
-        """Now and then (on this thread): publish again the rows of stalled releases."""
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + RELEASE_STALL_SECONDS / 2
-        try:
-            holds.release_stalled(RELEASE_STALL_SECONDS)
-        except Exception:
-            logger.exception("publishing the rows of stalled releases failed")
 
 
 def _message(arrival: Arrival) -> Message:
@@ -171,4 +153,4 @@ def _message(arrival: Arrival) -> Message:
     )
 
 
-__all__ = ["RELEASE_STALL_SECONDS", "OrderingGate"]
+__all__ = ["OrderingGate"]

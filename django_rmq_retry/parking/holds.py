@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import router, transaction
+from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
 from .. import broker, signals
@@ -99,46 +99,50 @@ def set_aside(
 
 def take(receiver: str, key: str, queue: str, blocker: str) -> None:
     """A message of a free key failed: the key is held behind it (its retry, or its
-    parking, follows). A hold already there (a redelivery) is left as it is."""
+    parking, follows). A hold already there (a redelivery) is left as it is: one INSERT,
+    and its unique constraint says whether it was there."""
     now = timezone.now()
-    KeyHold.objects.using(_db()).get_or_create(
-        receiver=receiver,
-        key=key,
-        defaults={
-            "queue": queue,
-            "state": HoldState.RETRYING.value,
-            "blocker": blocker,
-            "since": now,
-            "changed_at": now,
-        },
-    )
+    try:
+        with transaction.atomic(using=_db()):
+            KeyHold.objects.using(_db()).create(
+                receiver=receiver,
+                key=key,
+                queue=queue,
+                state=HoldState.RETRYING.value,
+                blocker=blocker,
+                since=now,
+                changed_at=now,
+            )
+    except IntegrityError:
+        pass
 
 
 def block_on_row(hold_pk: int, row: int, blocker: str) -> None:
     """A released copy failed: it is the blocker now (its retry copy carries it on) and
     its row goes; the copies behind it will wait again, each keeping its row."""
     with transaction.atomic(using=_db()):
-        HeldMessage.objects.using(_db()).filter(pk=row, hold_id=hold_pk).delete()
-        KeyHold.objects.using(_db()).filter(pk=hold_pk).update(
+        KeyHold.objects.using(_db()).filter(pk=hold_pk).update(  # the hold first: _lock
             state=HoldState.RETRYING.value,
             blocker=blocker,
             parked_id=None,
             released_upto=None,
             changed_at=timezone.now(),
         )
+        HeldMessage.objects.using(_db()).filter(pk=row, hold_id=hold_pk).delete()
 
 
 def row_done(hold_pk: int, row: int) -> None:
     """A released copy ran: its row goes; once no copy of this round is left, the rows
     set aside since are released (or the key is free)."""
     with transaction.atomic(using=_db()):
+        if not _lock(hold_pk):
+            return
         HeldMessage.objects.using(_db()).filter(pk=row, hold_id=hold_pk).delete()
-        hold = KeyHold.objects.using(_db()).select_for_update().filter(pk=hold_pk).first()
-        if hold is None or hold.state != HoldState.RELEASING.value:
+        hold = KeyHold.objects.using(_db()).get(pk=hold_pk)
+        if hold.state != HoldState.RELEASING.value:
             return
         upto = hold.released_upto or 0
         if HeldMessage.objects.using(_db()).filter(hold_id=hold_pk, pk__lte=upto).exists():
-            KeyHold.objects.using(_db()).filter(pk=hold_pk).update(changed_at=timezone.now())
             return
     release(hold_pk)
 
@@ -149,9 +153,9 @@ def release(hold_pk: int) -> int:
     of copies published. Raises what the publisher raises (the hold stays releasing, and
     :func:`release_stalled` publishes again)."""
     with transaction.atomic(using=_db()):
-        hold = KeyHold.objects.using(_db()).select_for_update().filter(pk=hold_pk).first()
-        if hold is None:
+        if not _lock(hold_pk):
             return 0
+        hold = KeyHold.objects.using(_db()).get(pk=hold_pk)
         rows = list(HeldMessage.objects.using(_db()).filter(hold_id=hold_pk).order_by("id"))
         if not rows:
             hold.delete()
@@ -165,6 +169,14 @@ def release(hold_pk: int) -> int:
         queue = hold.queue
     _publish(queue, rows)
     return len(rows)
+
+
+def _lock(hold_pk: int) -> bool:
+    """Inside a transaction: lock the hold row by writing it first (its ``changed_at``),
+    whether it still exists. Writing first, not reading, matters on SQLite: a transaction
+    that reads and then writes fails at once with "database is locked" when another
+    process writes meanwhile, where one that writes first waits its turn."""
+    return bool(KeyHold.objects.using(_db()).filter(pk=hold_pk).update(changed_at=timezone.now()))
 
 
 def _publish(queue: str, rows: Iterable[HeldMessage]) -> None:
