@@ -186,3 +186,20 @@ def test_depends_on_takes_a_name_or_a_list():
     assert by_name == {"one": ("payments",), "two": ("payments", "mail"), "three": ()}
     with pytest.raises(Exception, match="depends_on"):
         registry.register(lambda message, **kw: None, [topic], depends_on=[3])
+
+
+def test_without_a_handler_the_admins_get_one_mail_per_trip_and_close(settings, mailoutbox):
+    settings.ADMINS = [("Ops", "ops@example.com")]
+    settings.RMQ_RETRY = {
+        **settings.RMQ_RETRY,
+        "DEPENDENCIES": {"payments": PAYMENTS},
+        "ALERT_HANDLER": None,
+    }
+    for i in range(5):  # the fourth and fifth come after the trip: no second mail
+        state.record_failure("payments", "ConnectionError", "refused", now=at(i))
+    state.force("payments", State.CLOSED, "alice", now=at(9))
+    assert [m.subject for m in mailoutbox] == [
+        f"{settings.EMAIL_SUBJECT_PREFIX}Dependency payments: {TRIPPED}",
+        f"{settings.EMAIL_SUBJECT_PREFIX}Dependency payments: {CLOSED}",
+    ]
+    assert "3 failure(s) in 30s" in mailoutbox[0].body

@@ -1,5 +1,5 @@
 """What a breaker's transition tells people: one log line, and for a trip or a close one
-alert (through the failure-group alerts' recipient: ``ALERT_HANDLER`` or ``mail_admins``).
+alert (to the failure-group alerts' recipient: ``ALERT_HANDLER``, else ``mail_admins``).
 
 Only the process whose conditional update won the transition calls this
 (``breakers.state.step``), so each trip and each close is said once per cluster.
@@ -8,10 +8,15 @@ Only the process whose conditional update won the transition calls this
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.core.mail import mail_admins
+from django.utils.module_loading import import_string
+
+from ..conf import app_settings
 from ..core.breaker import Breaker, State
-from ..parking.alerts import recipient
 
 logger = logging.getLogger("django_rmq_retry.breakers")
 
@@ -60,14 +65,13 @@ def transition(name: str, before: Breaker, after: Breaker, by: str) -> None:
 
 
 def _send(alert: DependencyAlert) -> None:
+    """To ``ALERT_HANDLER`` (it gets the alert), else a mail to the ADMINS titled for it."""
     try:
-        send = recipient()
-    except ImportError as exc:
-        logger.warning("dependency alert not sent: ALERT_HANDLER cannot be imported (%s)", exc)
-        return
-    if send is None:
-        return  # nobody receives alerts (check W003 says so); the log line stands
-    try:
-        send(alert)  # type: ignore[arg-type]
+        if app_settings.ALERT_HANDLER:
+            handler: Callable[[DependencyAlert], None] = import_string(app_settings.ALERT_HANDLER)
+            handler(alert)
+        elif settings.ADMINS:
+            mail_admins(f"Dependency {alert.dependency}: {alert.kind}", alert.text)
+        # else nobody receives alerts (check W003 says so); the log line stands
     except Exception:
-        logger.exception("alert handler failed for %s", alert.text)
+        logger.exception("dependency alert not sent: %s", alert.text)
