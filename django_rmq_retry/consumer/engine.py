@@ -273,7 +273,8 @@ class Consumer(Dispatcher):
         loop = asyncio.get_running_loop()
         await self._until(loop.run_in_executor(None, _declare, self._connection.url, plan))
         for queue_name in queues:
-            self._consume(queue_name)
+            if self._breakers.consumes_at_start(queue_name):  # not while its breaker is open
+                self._consume(queue_name)
 
     def _close_connections(self) -> None:
         window, self._window = self._window, None
