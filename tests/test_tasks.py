@@ -164,6 +164,26 @@ def test_in_memory_deferred_task_waits_in_the_delay_levels():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_in_memory_a_task_deferred_for_months_runs_once_at_its_time():
+    """Sixty days: six rounds of the levels' longest hold (9.7 days) and the rest, reckoned
+    from the due times the message carries (the virtual clock is not this process's)."""
+    run_after = timezone.now() + timedelta(days=60)
+    with InMemoryBroker() as broker:
+        result = t.add.using(run_after=run_after).enqueue(2, 2)
+        broker.run_until_idle()
+    assert t.RUNS == [("add", 1, [2, 2])]
+    arrivals = [r.at for r in broker.runs if r.message_id == result.id]
+    # Seven arrivals: six rounds ended and sent round again, then the run, at its time
+    # (virtual seconds; the in-memory levels land each round one landing, 0.1 s, early and
+    # hold nothing: the real consumer holds the landing, test_real_broker_run_after_...).
+    assert len(arrivals) == 7
+    assert 60 * 24 * 3600 - 7 * 0.1 <= arrivals[-1] <= 60 * 24 * 3600
+    assert all(b - a <= 9.71 * 24 * 3600 for a, b in zip([0, *arrivals[:-1]], arrivals, strict=True))
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_async_task_runs():
     with InMemoryBroker() as broker:
         result = t.async_add.enqueue(20, 22)
@@ -500,3 +520,29 @@ def test_a_parked_task_is_failed_once_whatever_parked_it():
     result.refresh()
     assert result.status == TaskResultStatus.FAILED and result.finished_at is not None
     assert finished == [(result.id, TaskResultStatus.FAILED)]
+
+
+# run_after ---------------------------------------------------------------------------------
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_run_after_beyond_the_delay_levels_runs_once_on_time(rmq):
+    """Three levels of 100 ms hold 700 ms: a task due in 2.5 s goes round them again (the
+    broker drops a message that dead-letters through a queue it already died in, unless
+    each round is a fresh publish), across a consumer restart, and starts no earlier than
+    its run_after."""
+    from django.conf import settings
+
+    small = {**settings.RMQ_RETRY, "DELAY_RESOLUTION_MS": 100, "DELAY_LEVELS": 3}
+    with override_settings(RMQ_RETRY=small):
+        call_command("rmq_consume", setup_only=True, verbosity=0)
+        run_after = timezone.now() + timedelta(seconds=2.5)
+        later = t.add.using(run_after=run_after).enqueue(5, 6)
+        name = "tasks.default.tests.tasksproject.tasks.add"
+        consume(name, count=1, idle=10)  # one round, then this consumer stops
+        assert t.RUNS == []
+        consume(name, count=50, idle=4)  # a new one: the rounds left, then the task
+    later.refresh()
+    assert later.status == TaskResultStatus.SUCCESSFUL and later.return_value == 11
+    assert t.RUNS == [("add", 1, [5, 6])]
+    assert later.started_at >= run_after
+    assert not ParkedMessage.objects.exists()

@@ -31,6 +31,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from ..core.backoff import Policy
+from ..core.delays import epoch_us
 from ..registry import Registry, default_registry
 from ..topics import Topic
 from . import parked, results
@@ -207,13 +208,12 @@ class RabbitMQBackend(BaseTaskBackend):
             "message_id": msg.result_id,
             "priority": amqp_priority(msg.priority),
         }
-        delay = _seconds_until(msg.run_after)
         if self.outbox:
             # The outbox publishes to the work exchange; a deferred task's runner sends it
             # on through the delay levels when it arrives early (``runner``).
             topic.send(msg.body(), outbox=True, **props)
-        elif delay > 0:
-            publish_deferred(topic.routing_key, msg.body(), props, delay)
+        elif msg.run_after is not None and msg.run_after > timezone.now():
+            publish_deferred(topic.routing_key, msg.body(), props, epoch_us(msg.run_after))
         else:
             topic.send(msg.body(), outbox=False, **props)
 
@@ -226,12 +226,6 @@ class RabbitMQBackend(BaseTaskBackend):
         record = results.get(result_id, self.alias)
         task = _task(record.task_path, record.queue_name, record.priority, record.run_after)
         return results.as_result(record, task)
-
-
-def _seconds_until(moment: datetime | None) -> float:
-    if moment is None:
-        return 0.0
-    return (moment - timezone.now()).total_seconds()
 
 
 def _task(path: str, queue_name: str, priority: int, run_after: datetime | None) -> Task:

@@ -10,10 +10,12 @@ the backend keeps results) and sends Django's ``task_started`` signal, and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from traceback import format_exception
@@ -24,7 +26,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ..conf import current_levels, current_names
+from ..conf import app_settings, current_levels, current_names
+from ..core.delays import epoch_us
 from ..core.errors import Reject
 from ..core.message import Message
 from ..core.unit_threads import db_executor
@@ -84,6 +87,7 @@ class TaskRunner:
         loaded = self.load(message)
         if loaded is not None:
             backend, task, msg = loaded
+            time.sleep(still_to_wait(msg))
             run(backend, task, msg, message.attempt)
 
     def load(self, message: Message) -> tuple[Any, Task, TaskMessage] | None:
@@ -93,15 +97,16 @@ class TaskRunner:
             backend = task_backends[msg.backend]
         except Exception as exc:  # nothing to retry: park it for an operator to read
             raise Reject(f"not a task message this project can run: {exc}") from exc
-        early = _seconds_early(msg, message.headers)
-        if early > 0:
+        start_us = _round_start(message.headers)
+        if msg.run_after is not None and epoch_us(msg.run_after) > start_us:
             # Sent through the outbox (to the work exchange), or deferred for longer than
-            # the delay levels hold: on through the levels again, acked once confirmed.
+            # the delay levels hold: round the levels again, acked once confirmed.
             publish_deferred(
                 f"tasks.{msg.queue_name}.{msg.task_path}",
                 message.raw,
                 {},
-                early,
+                epoch_us(msg.run_after),
+                now_us=start_us,
                 base=dict(message.properties),
             )
             return None
@@ -123,6 +128,7 @@ def async_runner(runner: TaskRunner) -> Callable[..., Any]:
         if loaded is None:
             return
         backend, task, msg = loaded
+        await asyncio.sleep(still_to_wait(msg))
         result, keep = await _sync(begin)(backend, task, msg, message.attempt)
         try:
             value = normalize_json(await task.acall(*_call_args(task, result, msg), **msg.kwargs))
@@ -160,26 +166,29 @@ def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
     return sync_to_async(unit, thread_sensitive=False, executor=cast(ThreadPoolExecutor, executor))
 
 
-def _seconds_early(msg: TaskMessage, headers: dict[str, Any]) -> float:
-    """How much of its ``run_after`` a task still has to wait when it arrives.
+def _round_start(headers: dict[str, Any]) -> int:
+    """When the round a task arrives from ended, in epoch microseconds: the due time the
+    delay levels were asked to hold it to (its due header), so that no clock but the
+    publisher's decides whether it goes round again, and a consumer's clock (or the
+    in-memory broker's virtual one) never sends it round for ever. A task without a due
+    header came straight from the work exchange (through the outbox): now."""
+    due_us = headers.get(current_names().header("due-us"))
+    if isinstance(due_us, int) and not isinstance(due_us, bool):
+        return due_us
+    return epoch_us(timezone.now())
 
-    A task that came through the delay levels carries the time they were asked to hold
-    it to (the due header): only what lies beyond it (a delay longer than the levels
-    hold) is left, so no clock but the publisher's decides, and a consumer's clock
-    (or the in-memory broker's virtual one) never sends it round again. A task without
-    a due header came straight from the work exchange (through the outbox): it waits
-    from now.
-    """
+
+def still_to_wait(msg: TaskMessage) -> float:
+    """Seconds between now and a ``run_after`` a hair ahead by this process's clock: the
+    task waits them out so it never starts early. At most the landing and one resolution
+    unit (what the consumer's own landing hold may leave): a ``run_after`` further ahead
+    than that by this clock means another clock (the publisher's, the in-memory broker's
+    virtual one), and the due time the message carries has decided."""
     if msg.run_after is None:
         return 0.0
-    names = current_names()
-    due_us = headers.get(names.header("due-us"))
-    if isinstance(due_us, int) and not isinstance(due_us, bool):
-        left = msg.run_after.timestamp() - due_us / 1_000_000
-    else:
-        left = (msg.run_after - timezone.now()).total_seconds()
-    slack = current_levels().resolution_ms / 1000
-    return left if left > slack else 0.0
+    left = (msg.run_after - timezone.now()).total_seconds()
+    most = (int(app_settings.DELAY_LANDING_MS) + current_levels().resolution_ms) / 1000
+    return left if 0 < left <= most else 0.0
 
 
 def _task(msg: TaskMessage) -> Task:
