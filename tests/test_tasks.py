@@ -178,7 +178,9 @@ def test_in_memory_a_task_deferred_for_months_runs_once_at_its_time():
     # hold nothing: the real consumer holds the landing, test_real_broker_run_after_...).
     assert len(arrivals) == 7
     assert 60 * 24 * 3600 - 7 * 0.1 <= arrivals[-1] <= 60 * 24 * 3600
-    assert all(b - a <= 9.71 * 24 * 3600 for a, b in zip([0, *arrivals[:-1]], arrivals, strict=True))
+    assert all(
+        b - a <= 9.71 * 24 * 3600 for a, b in zip([0, *arrivals[:-1]], arrivals, strict=True)
+    )
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
 
