@@ -186,6 +186,24 @@ def test_in_memory_a_task_deferred_for_months_runs_once_at_its_time():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_in_memory_a_tasks_backoff_chooses_each_wait_and_none_parks():
+    with InMemoryBroker() as broker:
+        waited = t.calls_a_rate_limited_api.enqueue([30.0, 90.0])
+        stopped = t.calls_a_rate_limited_api.enqueue([None])
+        broker.run_until_idle()
+    at = [r.at for r in broker.runs if r.message_id == waited.id]
+    assert len(at) == 3 and 30 <= at[1] - at[0] < 31 and 90 <= at[2] - at[1] < 91
+    waited.refresh()
+    assert waited.status == TaskResultStatus.SUCCESSFUL and waited.return_value == 3
+    assert [e.exception_class_path for e in waited.errors] == [
+        "tests.tasksproject.tasks.RateLimited"
+    ] * 2
+    stopped.refresh()
+    assert stopped.status == TaskResultStatus.FAILED and stopped.attempts == 1
+    assert ParkedMessage.objects.get(message_id=stopped.id).reason == "rejected"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_async_task_runs():
     with InMemoryBroker() as broker:
         result = t.async_add.enqueue(20, 22)

@@ -14,13 +14,15 @@ requeue; there is no second worker loop.
     "results": True        # False: no results table row is written, get_result raises
     "result_retention": 7 * 24 * 3600   # seconds a finished result is kept
     "retry": {...}         # default retry policy of this backend's tasks (Policy fields)
+    "backoff": callable    # default backoff(exception, task_result) -> seconds | None, or
+                           # its dotted path (a task's own backoff= wins)
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -57,6 +59,9 @@ class RabbitMQTask(Task):
     max_attempts: int | None = None
     retry: Policy | Mapping[str, Any] | None = field(default=None, compare=False)
     dont_retry: tuple[Any, ...] = ()
+    #: ``backoff(exception, task_result)`` -> seconds (or a ``timedelta``) before the next
+    #: attempt, or ``None``: no more attempts (parked). ``max_attempts`` still bounds them.
+    backoff: Callable[[BaseException, Any], Any] | str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.retry is not None and not isinstance(self.retry, Policy):
@@ -96,7 +101,14 @@ class RabbitMQBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         options = dict(self.options)
-        unknown = set(options) - {"outbox", "results", "result_retention", "retry", "registry"}
+        unknown = set(options) - {
+            "outbox",
+            "results",
+            "result_retention",
+            "retry",
+            "backoff",
+            "registry",
+        }
         if unknown:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']: unknown option(s) {', '.join(sorted(unknown))}"
@@ -115,6 +127,7 @@ class RabbitMQBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['retry']: {exc}") from exc
         self.registry: Registry = options.get("registry") or default_registry
+        self.backoff: Any = options.get("backoff")
         parked.connect()  # a parked task's result: FAILED, then task_finished
 
     # Declaring ---------------------------------------------------------------------------

@@ -23,10 +23,11 @@ def task(
     max_attempts: int | None = None,
     retry: Policy | Mapping[str, Any] | None = None,
     dont_retry: Iterable[Any] = (),
+    backoff: Callable[[BaseException, Any], Any] | str | None = None,
     **options: Any,
 ) -> Any:
     """``@task`` / ``@task(...)``: ``options`` are Django's (``priority``, ``queue_name``,
-    ``backend``, ``takes_context``); ``max_attempts``, ``retry`` and ``dont_retry`` are
+    ``backend``, ``takes_context``); ``max_attempts``, ``retry``, ``dont_retry`` and ``backoff`` are
     :class:`~.backend.RabbitMQTask`'s (a ``TypeError`` on another backend's task)."""
     ours: dict[str, Any] = {}
     if max_attempts is not None:
@@ -35,6 +36,8 @@ def task(
         ours["retry"] = retry
     if dont_retry:
         ours["dont_retry"] = tuple(dont_retry)
+    if backoff is not None:
+        ours["backoff"] = backoff
 
     def wrap(func: Callable[..., Any]) -> Any:
         made = api.task(func, **options)

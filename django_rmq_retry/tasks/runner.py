@@ -32,7 +32,7 @@ from ..core.errors import Reject
 from ..core.message import Message
 from ..core.unit_threads import db_executor
 from ..registry import Receiver
-from . import results
+from . import backoff, results
 from .api import (
     Task,
     TaskContext,
@@ -88,7 +88,7 @@ class TaskRunner:
         if loaded is not None:
             backend, task, msg = loaded
             time.sleep(still_to_wait(msg))
-            run(backend, task, msg, message.attempt)
+            run(backend, task, msg, message.attempt, receiver)
 
     def load(self, message: Message) -> tuple[Any, Task, TaskMessage] | None:
         """The backend, task and message to run (``None``: sent on to its ``run_after``)."""
@@ -136,6 +136,9 @@ def async_runner(runner: TaskRunner) -> Callable[..., Any]:
             raise
         except BaseException as exc:
             await _sync(_failed)(msg, result, exc, keep)
+            instead = backoff.chosen(task, backend, receiver, exc, result)
+            if instead is not None:
+                raise instead from exc
             raise
         await _sync(_succeeded)(backend, result, msg, value, keep)
 
@@ -198,7 +201,7 @@ def _task(msg: TaskMessage) -> Task:
     return task.using(queue_name=msg.queue_name, priority=msg.priority, run_after=msg.run_after)
 
 
-def run(backend: Any, task: Task, msg: TaskMessage, attempt: int) -> None:
+def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Receiver) -> None:
     """One attempt of ``task``: result row and signals around it; re-raises its error."""
     result, keep = begin(backend, task, msg, attempt)
     try:
@@ -207,6 +210,9 @@ def run(backend: Any, task: Task, msg: TaskMessage, attempt: int) -> None:
         raise
     except BaseException as exc:
         _failed(msg, result, exc, keep)
+        instead = backoff.chosen(task, backend, receiver, exc, result)
+        if instead is not None:
+            raise instead from exc
         raise
     _succeeded(backend, result, msg, value, keep)
 

@@ -57,3 +57,27 @@ async def async_add(context: TaskContext, a: int, b: int) -> int:
     if a < 0 and context.attempt < 2:
         raise ValueError("negative: fails on attempt 1")
     return a + b
+
+
+class RateLimited(Exception):
+    """Carries how long the remote side asks us to wait (it does not survive serialising)."""
+
+    def __init__(self, retry_after: float | None) -> None:
+        super().__init__(f"rate limited, retry after {retry_after}")
+        self.retry_after = retry_after
+
+
+def rate_limit_backoff(exception: BaseException, task_result: Any) -> float | None:
+    """new-features#142's shape: the raw exception and the result that counts this attempt."""
+    if isinstance(exception, RateLimited):
+        return exception.retry_after
+    return 5.0 * task_result.attempts
+
+
+@rmq_task(takes_context=True, max_attempts=5, backoff=rate_limit_backoff)
+def calls_a_rate_limited_api(context: TaskContext, waits: list[float | None]) -> int:
+    """Raises RateLimited(waits[attempt - 1]) while there are waits left, then succeeds."""
+    RUNS.append(("rate_limited", context.attempt, [waits]))
+    if context.attempt <= len(waits):
+        raise RateLimited(waits[context.attempt - 1])
+    return context.attempt
