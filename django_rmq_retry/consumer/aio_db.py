@@ -24,7 +24,8 @@ from queue import SimpleQueue
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
 
 from ..db.threads import start_daemon
 from .pool import CANCELLED, Job
@@ -178,7 +179,10 @@ class ConnectionHygiene:
 
     That thread runs its calls one at a time, in order, so one pending run covers every
     attempt that ended before it starts: attempts that end meanwhile share it (under load,
-    far fewer runs than attempts), and no attempt waits for it.
+    far fewer runs than attempts), and no attempt waits for it. Once the first run has
+    found that thread, none runs while no connection was ever opened there (receivers that
+    never touch the database, the common case of an HTTP call: nothing to check); Django's
+    ``connection_created`` says when one is.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -188,10 +192,25 @@ class ConnectionHygiene:
         self._queued: asyncio.Task[None] | None = None
         self._last: asyncio.Task[None] | None = None
         self._ended = float("-inf")  # monotonic time the last attempt ended
+        self._thread: int | None = None  # the receivers' thread, once a run found it
+        self._opened_on: set[int] = set()  # threads that ever opened a connection
+        connection_created.connect(self._opened)
+
+    def _opened(self, sender: Any, **kwargs: Any) -> None:
+        """Any thread, as it opens a database connection (``connection_created``)."""
+        self._opened_on.add(threading.get_ident())
+
+    def _needless(self) -> bool:
+        """Whether the receivers' thread is known and has never opened a connection."""
+        return self._thread is not None and self._thread not in self._opened_on
 
     def _close(self) -> None:
         """On the receivers' thread: attempts ending from now on need a run of their own."""
         self._queued = None
+        here = threading.get_ident()
+        if self._thread is None and connections.all(initialized_only=True):
+            self._opened_on.add(here)  # opened before this pool listened
+        self._thread = here
         try:
             close_old_connections()
         except Exception:  # never a reason to fail an attempt: the next call says more
@@ -215,13 +234,14 @@ class ConnectionHygiene:
 
     async def before(self) -> None:
         """Before an attempt: after an idle second, drop what went stale meanwhile."""
-        if time.monotonic() - self._ended > IDLE:
+        if time.monotonic() - self._ended > IDLE and not self._needless():
             await asyncio.shield(self._schedule())
 
     def after(self) -> None:
         """After an attempt: drop its connection if broken or too old (not waited for)."""
         self._ended = time.monotonic()
-        self._schedule()
+        if not self._needless():
+            self._schedule()
 
     def pending(self) -> asyncio.Task[None] | None:
         task = self._last
