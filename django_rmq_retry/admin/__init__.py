@@ -9,14 +9,15 @@ message and its history), :mod:`.parked_actions` (requeue, republish, discard),
 :mod:`.edit_page` (edit once, then requeue), :mod:`.requeue_operations` (ramped and canary
 requeues, with their progress), :mod:`.dashboard` (failure groups), :mod:`.retry_policies`
 (retry policy overrides), :mod:`.outbox` (rows waiting to be published, and those held),
-:mod:`.tasks` (task results), :mod:`.dependencies` (the dependency breakers);
+:mod:`.tasks` (task results), :mod:`.dependencies` (the dependency breakers),
+:mod:`.holds` (per-key order: held keys and the messages behind them);
 :mod:`.parked` puts the parked-message admin together and registers it. :mod:`.preview`
 shows a body to an operator.
 """
 
 from __future__ import annotations
 
-from . import outbox  # noqa: F401  (the outbox's admin registers itself)
+from . import holds, outbox  # noqa: F401  (the held keys' and the outbox's admins register)
 from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
 from .dependencies import DependencyAdmin
 from .parked import ParkedMessageAdmin
