@@ -89,8 +89,9 @@ def test_a_timed_out_consumer_resumes_and_the_slow_message_never_runs_twice_at_o
         RMQ_DELIVERY_LIMIT="50",
     )
     try:
-        # 2.5 timeouts long: the broker takes it back at least twice while it runs.
-        other.send({"id": "slow", "sleep": TIMEOUT_MS * 2.5 / 1000})
+        # 2.25 timeouts long: the broker takes it back twice while it runs, and its run ends
+        # 1.5 s before the next take-back would come (its ack is long sent by then).
+        other.send({"id": "slow", "sleep": TIMEOUT_MS * 2.25 / 1000})
         assert wait_for(lambda: _events(rmq, "start", "slow"), 60), proc.output()
         for i in range(30):
             other.send({"id": i})
