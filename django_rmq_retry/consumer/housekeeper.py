@@ -29,11 +29,12 @@ logger = logging.getLogger("django_rmq_retry.outbox")
 CHORES_EVERY = 3600.0
 #: Seconds between two checks of the thread's database connection (``close_old_connections``).
 RECYCLE_EVERY = 60.0
-#: Seconds a per-key hold may stay releasing with no progress before its rows are published
-#: again (their copies were lost: a process died between its commit and its publish). A
-#: copy published twice finds its row gone the second time and is acked: a short wait costs
-#: duplicate copies at worst, never order.
-RELEASE_STALL_SECONDS = 15.0
+#: Seconds a per-key hold released by an operator may stay releasing with no progress
+#: before its rows are published again (the publish never happened: that process died
+#: between its commit and its publish). A copy published twice finds its row gone the
+#: second time and is acked: a copy still queued behind a long backlog costs a duplicate at
+#: worst, never order.
+RELEASE_STALL_SECONDS = 600.0
 
 
 class Housekeeper:

@@ -109,26 +109,19 @@ class OrderingGate:
             return None
         found = seen.found
         step = after_attempt(found.hold, seen.incoming, failed=error is not None)
-        try:
-            if step is Step.HOLD:
-                holds.take(rec.name, seen.key, d.queue, seen.incoming.message)
-            elif step is Step.BLOCK:
-                assert found.pk is not None and seen.incoming.row is not None
-                holds.block_on_row(found.pk, seen.incoming.row, seen.incoming.message)
-            elif step is Step.ROW_DONE:
-                assert found.pk is not None and seen.incoming.row is not None
-                holds.row_done(found.pk, seen.incoming.row)
-            elif step is Step.RELEASE:
-                assert found.pk is not None
-                holds.release(found.pk)
-        except Exception:
-            if step is Step.HOLD:
-                raise  # nothing may run past this failure: give the delivery back
-            # A release that did not publish leaves the hold releasing: the consumer's
-            # housekeeper publishes its rows again (``housekeeper.RELEASE_STALL_SECONDS``).
-            logger.exception(
-                "%s: releasing key %r failed; the sweep will retry", rec.name, seen.key
-            )
+        # Raises if the database or the broker fails: the delivery is then given back
+        # (counted), and its next run takes the step again.
+        if step is Step.HOLD:
+            holds.take(rec.name, seen.key, d.queue, seen.incoming.message)
+        elif step is Step.BLOCK:
+            assert found.pk is not None and seen.incoming.row is not None
+            holds.block_on_row(found.pk, seen.incoming.row, seen.incoming.message)
+        elif step is Step.ROW_DONE:
+            assert found.pk is not None and seen.incoming.row is not None
+            holds.row_done(found.pk, seen.incoming.row)
+        elif step is Step.RELEASE:
+            assert found.pk is not None
+            holds.release_next(found.pk)
         return None
 
 

@@ -10,8 +10,10 @@ the parking of a blocker, reach them through signals (:func:`connect`).
 Every transition runs in one transaction on the locked hold row. Releasing publishes the
 rows set aside again, in ``id`` order, to the key's partition queue (through the deliver
 exchange, as a requeue does) and keeps them: a row is deleted only once its copy ran (or
-failed and became the blocker), so a copy lost on the way is published again by
-:func:`release_stalled`, and a copy that comes twice finds its row gone (it ran: acked).
+failed and became the blocker), and a copy that comes twice finds its row gone (it ran:
+acked). The key's consumer publishes before it commits (:func:`release_next`,
+:func:`row_done`); an operator's release commits first and :func:`release_stalled` covers
+a publish that never happened.
 """
 
 from __future__ import annotations
@@ -132,26 +134,65 @@ def block_on_row(hold_pk: int, row: int, blocker: str) -> None:
 
 
 def row_done(hold_pk: int, row: int) -> None:
-    """A released copy ran: its row goes; once no copy of this round is left, the rows
-    set aside since are released (or the key is free)."""
+    """A released copy ran: its row goes. If it was the last copy of its round, the rows
+    set aside since are published first (in order), then the row goes and they become
+    the round, in one transaction (or, with none, the key is free). Called by the key's
+    consumer before it acks the copy (see :func:`release_next` for why this order)."""
+    hold = KeyHold.objects.using(_db()).filter(pk=hold_pk).first()
+    held = HeldMessage.objects.using(_db()).filter(hold_id=hold_pk)
+    if hold is None or hold.state != HoldState.RELEASING.value:
+        held.filter(pk=row).delete()
+        return
+    upto = hold.released_upto or 0
+    if held.filter(pk__lte=upto).exclude(pk=row).exists():  # copies of this round are out
+        held.filter(pk=row).delete()
+        return
+    following = list(held.filter(pk__gt=upto).order_by("id"))
+    if following:
+        _publish(hold.queue, following)
     with transaction.atomic(using=_db()):
-        if not _lock(hold_pk):
-            return
-        HeldMessage.objects.using(_db()).filter(pk=row, hold_id=hold_pk).delete()
-        hold = KeyHold.objects.using(_db()).get(pk=hold_pk)
-        if hold.state != HoldState.RELEASING.value:
-            return
-        upto = hold.released_upto or 0
-        if HeldMessage.objects.using(_db()).filter(hold_id=hold_pk, pk__lte=upto).exists():
-            return
-    release(hold_pk)
+        _lock(hold_pk)
+        held.filter(pk=row).delete()
+        if following:
+            KeyHold.objects.using(_db()).filter(pk=hold_pk).update(released_upto=following[-1].pk)
+        elif not held.exists():
+            KeyHold.objects.using(_db()).filter(pk=hold_pk).delete()
+
+
+def release_next(hold_pk: int) -> int:
+    """The blocker succeeded: publish the rows set aside, in order, to the key's partition
+    queue, then mark the key releasing (with none, the key is free). Returns the number of
+    copies published.
+
+    Called by the consumer of the key's partition before it acks the blocker, publishing
+    *first*: the copies cannot run before the commit (this thread is the partition's only
+    consumer), and a crash between the publish and the commit gives the blocker back first
+    (it runs again and publishes again; the first copies then find their rows gone). A
+    publish that fails raises: the blocker is given back and tries again. Nothing waits for
+    a sweep."""
+    hold = KeyHold.objects.using(_db()).filter(pk=hold_pk).first()
+    if hold is None:
+        return 0
+    rows = list(HeldMessage.objects.using(_db()).filter(hold_id=hold_pk).order_by("id"))
+    if rows:
+        _publish(hold.queue, rows)
+    with transaction.atomic(using=_db()):
+        _lock(hold_pk)
+        if rows:
+            KeyHold.objects.using(_db()).filter(pk=hold_pk).update(
+                state=HoldState.RELEASING.value, parked_id=None, released_upto=rows[-1].pk
+            )
+        elif not HeldMessage.objects.using(_db()).filter(hold_id=hold_pk).exists():
+            KeyHold.objects.using(_db()).filter(pk=hold_pk).delete()
+    return len(rows)
 
 
 def release(hold_pk: int) -> int:
-    """The blocker ran (or was skipped, or discarded): publish the rows set aside again,
-    in order, to the key's partition queue; with none, the key is free. Returns the number
-    of copies published. Raises what the publisher raises (the hold stays releasing, and
-    :func:`release_stalled` publishes again)."""
+    """An operator (or the parking of a blocker with ``"skip"``) releases a key from
+    outside its consumer: mark it releasing, then publish its rows in order (with none, the
+    key is free). Committed first: the key's consumer may run a copy as soon as it
+    arrives. If the publish fails after the commit, :func:`release_stalled` publishes the
+    rows again later. Returns the number of copies published."""
     with transaction.atomic(using=_db()):
         if not _lock(hold_pk):
             return 0
@@ -194,10 +235,10 @@ def _publish(queue: str, rows: Iterable[HeldMessage]) -> None:
 
 
 def release_stalled(older_than: float) -> int:
-    """Holds releasing with no progress for ``older_than`` seconds (their copies were
-    never published: a process died between its commit and its publish): publish their
-    rows again. A copy that comes twice finds its row gone and is acked. Returns how many
-    holds were released again."""
+    """Holds releasing with no progress for ``older_than`` seconds (an operator's release
+    whose copies were never published: its process died between the commit and the
+    publish): publish their rows again. A copy that comes twice finds its row gone and is
+    acked. Returns how many holds were released again."""
     cutoff = timezone.now() - timedelta(seconds=older_than)
     stalled = list(
         KeyHold.objects.using(_db())
