@@ -33,6 +33,7 @@ ORDER = [
     "outbox",
     "growth",
     "observability",  # metrics + tracing on vs off, happy and retry paths
+    "typed",  # a typed receiver's cost per message (msgspec, pydantic, dataclass; no broker)
     "io",  # 50 ms of I/O per message: threads, async def, and the peers' best pools
     "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
 ]

@@ -933,6 +933,45 @@ def observability(run: Run) -> list[Row]:
     return rows
 
 
+# Typed receivers ------------------------------------------------------------------------
+def typed(run: Run) -> list[Row]:
+    """A no-op receiver typed by each library beside the same receiver untyped: CPU time
+    per message through the handler, no broker (``bench/typed_cost.py``, in a process of
+    its own; medians of alternating rounds)."""
+    n, rounds = (3_000, 5) if run.quick else (10_000, 7)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "typed_cost.py"),
+            "--json",
+            "--n",
+            str(n),
+            "--rounds",
+            str(rounds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    per = {kind: statistics.median(v) * 1e6 for kind, v in json.loads(out.stdout).items()}
+    untyped = per.pop("untyped")
+    note = f"~400-byte event, {n:,} messages x {rounds} rounds; 'raw': the receiver untyped"
+    return [
+        Row(
+            f"typed no-op receiver ({kind}), CPU per message",
+            us,
+            untyped,
+            "µs",
+            "≤ untyped + 5 µs" if kind == "msgspec" else "",
+            us - untyped <= 5 if kind == "msgspec" else None,
+            note=note,
+        )
+        for kind, us in per.items()
+    ]
+
+
 SCENARIOS = {
     "happy": happy,
     "publishing": publishing,
@@ -943,4 +982,5 @@ SCENARIOS = {
     "growth": growth,
     "outbox": outbox,
     "observability": observability,
+    "typed": typed,
 }

@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/typed_cost.py                  # untyped, msgspec, pydantic, dataclass
     .venv/bin/python bench/typed_cost.py --n 20000 --rounds 7
+    .venv/bin/python bench/run.py typed                   # the same, as rows of the table
 
 Drives the consumer's handler (``consumer.handler``: a delivery in, an action out, a no-op
 receiver run in between) the way the I/O loop does, over the same ~375-byte order event,
@@ -121,7 +122,7 @@ def schemas() -> dict[str, type]:
     return {"msgspec": MOrder, "pydantic": POrder, "dataclass": DOrder}
 
 
-def measure(n: int, rounds: int) -> dict[str, list[float]]:
+def measure(n: int, rounds: int, only: str | None = None) -> dict[str, list[float]]:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
 
@@ -162,29 +163,73 @@ def measure(n: int, rounds: int) -> dict[str, list[float]]:
                 body,
                 tag=i + 1,
             )
-            for i in range(n)
+            for i in range(max(n, 1))
         ]
         action = handler.handle(runs[kind][0])  # the work is really done:
         assert isinstance(action, Ack), action  # a no-op receiver's ack, ...
         assert schema is None or isinstance(seen[-1], schema), seen[-1]  # ... an instance
-    per: dict[str, list[float]] = {kind: [] for kind in kinds}
+    chosen = [only] if only else list(kinds)
+    per: dict[str, list[float]] = {kind: [] for kind in chosen}
     for rnd in range(rounds):
-        order = list(kinds) if rnd % 2 == 0 else list(kinds)[::-1]
+        order = chosen if rnd % 2 == 0 else chosen[::-1]
         for kind in order:
-            deliveries = runs[kind]
+            deliveries = runs[kind][:n]
             t0 = time.process_time()
             for d in deliveries:
                 handler.handle(d)
-            per[kind].append((time.process_time() - t0) / n)
+            per[kind].append((time.process_time() - t0) / max(n, 1))
     return per
+
+
+KINDS = ("untyped", "msgspec", "pydantic", "dataclass")
+
+
+def instructions(n: int, only: str) -> int:
+    """Instructions (valgrind's ``Ir``) of a process handling ``n`` messages of ``only``."""
+    import re
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tool = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out"]
+        this = [sys.executable, __file__, "--only", only, "--n", str(n), "--rounds", "1"]
+        out = subprocess.run(
+            [*tool, *this, "--json"], check=True, capture_output=True, text=True, cwd=ROOT
+        ).stderr
+    found = re.search(r"Collected : (\d+)", out)
+    if found is None:
+        raise RuntimeError(f"no instruction count from valgrind:\n{out[-2000:]}")
+    return int(found.group(1))
+
+
+def count(n: int) -> int:
+    """Instructions per message of each kind, start-up subtracted (one run at a time:
+    counts do not move with other load on the machine, times do)."""
+    start = instructions(0, "untyped")  # every kind's set-up is made in every run
+    per = {kind: (instructions(n, kind) - start) / n for kind in KINDS}
+    print(f"instructions per message (callgrind, {n:,} messages less start-up)")
+    for kind, value in per.items():
+        above = "" if kind == "untyped" else f"{value - per['untyped']:+12,.0f}"
+        print(f"{kind:<12}{value:>12,.0f}{above:>14}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=5000, help="messages per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="each kind's rounds, as JSON")
+    parser.add_argument("--only", choices=KINDS, help="one kind alone (for --instructions)")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions (valgrind): slow"
+    )
     args = parser.parse_args(argv)
-    per = measure(args.n, args.rounds)
+    if args.instructions:
+        return count(args.n)
+    per = measure(args.n, args.rounds, args.only)
+    if args.json:
+        print(json.dumps(per))
+        return 0
     base = statistics.median(per["untyped"])
     print(f"{len(json.dumps(EVENT))}-byte event, {args.n} messages x {args.rounds} rounds")
     print(f"{'receiver':<12}{'us/message':>12}{'above untyped':>16}")
