@@ -204,6 +204,30 @@ def test_in_memory_a_tasks_backoff_chooses_each_wait_and_none_parks():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_in_memory_cancel_a_deferred_task_and_a_parked_one():
+    from django_rmq_retry.tasks import cancel
+
+    with InMemoryBroker() as broker:
+        deferred = t.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1)
+        doomed = t.always_fails.enqueue("transient")
+        done = t.add.enqueue(3, 3)
+        assert cancel(deferred)
+        broker.run_until_idle()
+        assert sorted(n for n, _a, _x in t.RUNS) == ["add", "always_fails", "always_fails"]
+        assert not cancel(done) and not cancel(deferred)  # finished, already cancelled
+        assert cancel(doomed)  # parked: cancelled, and a requeue of it does not run it
+        requeue(ParkedMessage.objects.filter(message_id=doomed.id))
+        broker.run_until_idle()
+    assert [n for n, _a, _x in t.RUNS].count("always_fails") == 2
+    for result in (deferred, doomed):
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED and result.is_finished
+        assert result.errors[-1].exception_class_path.endswith(".TaskCancelled")
+        assert TaskResultRecord.objects.get(id=result.id).status == "CANCELLED"
+    assert deferred.attempts == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_in_memory_async_task_runs():
     with InMemoryBroker() as broker:
         result = t.async_add.enqueue(20, 22)

@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from .api import TaskContext, TaskResultStatus
 from .backend import RabbitMQBackend, RabbitMQTask
+from .cancel import TaskCancelled, acancel, cancel
 from .decorator import task
 
 # ``TaskContext`` and ``TaskResultStatus`` are Django's (or the backport's), named here so that
 # a ``tasks.py`` imports the same names on every Django version.
-__all__ = ["RabbitMQBackend", "RabbitMQTask", "TaskContext", "TaskResultStatus", "task"]
+__all__ = [
+    "RabbitMQBackend",
+    "RabbitMQTask",
+    "TaskCancelled",
+    "TaskContext",
+    "TaskResultStatus",
+    "acancel",
+    "cancel",
+    "task",
+]

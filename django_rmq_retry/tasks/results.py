@@ -27,6 +27,11 @@ READY = TaskResultStatus("READY")
 RUNNING = TaskResultStatus("RUNNING")
 FAILED = TaskResultStatus("FAILED")
 SUCCESSFUL = TaskResultStatus("SUCCESSFUL")
+#: Ours, in the table only (Django's statuses have none): a cancelled task never runs
+#: again, and reads back as FAILED with a ``TaskCancelled`` error (``as_result``).
+CANCELLED = "CANCELLED"
+#: The exception class path of that error.
+CANCELLED_ERROR = "django_rmq_retry.tasks.cancel.TaskCancelled"
 
 #: Seconds between two retention sweeps of one process.
 SWEEP_EVERY = 60.0
@@ -106,7 +111,15 @@ def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> Tas
     return record
 
 
-def started(msg: TaskMessage, worker_id: str, at: datetime) -> TaskResultRecord:
+def started(msg: TaskMessage, worker_id: str, at: datetime) -> TaskResultRecord | None:
+    """An attempt starts: RUNNING (``None``: the task was cancelled, it must not run).
+
+    The claim is one conditional ``UPDATE`` (not CANCELLED -> RUNNING) and a cancel is one
+    (READY or FAILED -> CANCELLED), so exactly one of the two wins a race."""
+    rows = TaskResultRecord.objects.using(database()).filter(id=msg.result_id)
+    if not rows.exclude(status=CANCELLED).update(status=RUNNING, updated_at=at) and rows.exists():
+        return None
+
     def change(r: TaskResultRecord) -> None:
         r.status = RUNNING
         r.started_at = r.started_at or at
@@ -151,17 +164,43 @@ def parked(result_id: str, at: datetime) -> bool:
     changed = (
         TaskResultRecord.objects.using(database())
         .filter(id=result_id)
-        .exclude(status__in=[FAILED, SUCCESSFUL])
+        .exclude(status__in=[FAILED, SUCCESSFUL, CANCELLED])
         .update(status=FAILED, finished_at=at, updated_at=at)
     )
     return changed == 1
 
 
+def is_cancelled(result_id: str) -> bool:
+    return (
+        TaskResultRecord.objects.using(database()).filter(id=result_id, status=CANCELLED).exists()
+    )
+
+
+def cancel(result_id: str, backend: str) -> bool:
+    """Cancel a task that has not started (deferred, waiting for a retry) or was parked:
+    ``True`` if this call cancelled it (one conditional ``UPDATE``); a task running or
+    finished otherwise is left as it is."""
+    now = timezone.now()
+    changed = (
+        TaskResultRecord.objects.using(database())
+        .filter(id=result_id, backend=backend, status__in=[READY, FAILED])
+        .update(status=CANCELLED, finished_at=now, updated_at=now)
+    )
+    return changed == 1
+
+
 def as_result(record: TaskResultRecord, task: Task) -> TaskResult:
+    cancelled = record.status == CANCELLED
+    errors = [
+        TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+        for e in record.errors
+    ]
+    if cancelled:
+        errors.append(TaskError(exception_class_path=CANCELLED_ERROR, traceback="cancelled"))
     result: TaskResult[Any, Any] = TaskResult(
         task=task,
         id=record.id,
-        status=TaskResultStatus(record.status),
+        status=FAILED if cancelled else TaskResultStatus(record.status),
         enqueued_at=record.enqueued_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
@@ -169,10 +208,7 @@ def as_result(record: TaskResultRecord, task: Task) -> TaskResult:
         args=record.args,
         kwargs=record.kwargs,
         backend=record.backend,
-        errors=[
-            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-            for e in record.errors
-        ],
+        errors=errors,
         worker_ids=list(record.worker_ids),
     )
     object.__setattr__(result, "_return_value", record.return_value)
@@ -199,7 +235,7 @@ def sweep(retention: timedelta, *, clock: Callable[[], float] = time.monotonic) 
         cutoff = timezone.now() - retention
         deleted, _ = TaskResultRecord.objects.filter(
             updated_at__lt=cutoff,
-            status__in=[SUCCESSFUL, FAILED],
+            status__in=[SUCCESSFUL, FAILED, CANCELLED],
         ).delete()
         return deleted
     finally:

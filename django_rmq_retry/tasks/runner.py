@@ -99,6 +99,8 @@ class TaskRunner:
             raise Reject(f"not a task message this project can run: {exc}") from exc
         start_us = _round_start(message.headers)
         if msg.run_after is not None and epoch_us(msg.run_after) > start_us:
+            if getattr(backend, "results", False) and results.is_cancelled(msg.result_id):
+                return None  # cancelled while it waited: no more rounds
             # Sent through the outbox (to the work exchange), or deferred for longer than
             # the delay levels hold: round the levels again, acked once confirmed.
             publish_deferred(
@@ -129,7 +131,10 @@ def async_runner(runner: TaskRunner) -> Callable[..., Any]:
             return
         backend, task, msg = loaded
         await asyncio.sleep(still_to_wait(msg))
-        result, keep = await _sync(begin)(backend, task, msg, message.attempt)
+        begun = await _sync(begin)(backend, task, msg, message.attempt)
+        if begun is None:
+            return
+        result, keep = begun
         try:
             value = normalize_json(await task.acall(*_call_args(task, result, msg), **msg.kwargs))
         except KeyboardInterrupt:
@@ -203,7 +208,10 @@ def _task(msg: TaskMessage) -> Task:
 
 def run(backend: Any, task: Task, msg: TaskMessage, attempt: int, receiver: Receiver) -> None:
     """One attempt of ``task``: result row and signals around it; re-raises its error."""
-    result, keep = begin(backend, task, msg, attempt)
+    begun = begin(backend, task, msg, attempt)
+    if begun is None:
+        return
+    result, keep = begun
     try:
         value = normalize_json(task.call(*_call_args(task, result, msg), **msg.kwargs))
     except KeyboardInterrupt:
@@ -225,13 +233,17 @@ def _call_args(task: Task, result: TaskResult[Any, Any], msg: TaskMessage) -> li
 
 def begin(
     backend: Any, task: Task, msg: TaskMessage, attempt: int
-) -> tuple[TaskResult[Any, Any], bool]:
-    """An attempt starts: its result row (when kept) and ``task_started``."""
+) -> tuple[TaskResult[Any, Any], bool] | None:
+    """An attempt starts: its result row (when kept) and ``task_started`` (``None``: the
+    task was cancelled; its delivery is acked without running it)."""
     keep = bool(getattr(backend, "results", False))
     me = worker_id()
     started_at = timezone.now()
     if keep:
         record = results.started(msg, me, started_at)
+        if record is None:
+            logger.info("task %s was cancelled: not run", msg.result_id)
+            return None
         worker_ids = list(record.worker_ids)
         first_start = record.started_at
         errors = [
