@@ -174,3 +174,51 @@ def test_a_settled_outcome_is_acked_without_running() -> None:
     rec = Receiver(func=print, name="x", queue_suffix=None)
     action = pipeline.action(Settled("set aside"), d, rec, env, "start-1", park)
     assert action == Ack(kind="held", start_key="start-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_consumer_publishes_a_release_before_it_records_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.utils import timezone
+
+    from django_rmq_retry.parking import holds
+
+    now = timezone.now()
+    hold = KeyHold.objects.create(
+        receiver="r",
+        key="k",
+        queue="p.r.p00",
+        state="retrying",
+        blocker="m1",
+        since=now,
+        changed_at=now,
+    )
+    rows = [
+        HeldMessage.objects.create(hold=hold, message_id=f"m{n}", body=b"{}", held_at=now)
+        for n in (2, 3)
+    ]
+    published: list[list[int]] = []
+
+    def broker_down(queue: str, held: Any) -> None:
+        raise ConnectionError("broker away")
+
+    monkeypatch.setattr(holds, "_publish", broker_down)
+    with pytest.raises(ConnectionError):
+        holds.release_next(hold.pk)
+    hold.refresh_from_db()
+    assert (hold.state, hold.blocker) == ("retrying", "m1")  # nothing recorded: runs again
+
+    monkeypatch.setattr(holds, "_publish", lambda q, held: published.append([r.pk for r in held]))
+    assert holds.release_next(hold.pk) == 2
+    hold.refresh_from_db()
+    assert (hold.state, hold.released_upto) == ("releasing", rows[-1].pk)
+    later = HeldMessage.objects.create(hold=hold, message_id="m4", body=b"{}", held_at=now)
+    holds.row_done(hold.pk, rows[0].pk)  # a copy of the round is still out: nothing new
+    assert published == [[rows[0].pk, rows[1].pk]]
+    holds.row_done(hold.pk, rows[1].pk)  # the round is over: the next one is published
+    assert published[-1] == [later.pk]
+    hold.refresh_from_db()
+    assert hold.released_upto == later.pk
+    holds.row_done(hold.pk, later.pk)
+    assert not KeyHold.objects.exists()
