@@ -222,3 +222,36 @@ def test_the_consumer_publishes_a_release_before_it_records_it(
     assert hold.released_upto == later.pk
     holds.row_done(hold.pk, later.pk)
     assert not KeyHold.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_ahead_of_its_turn_ends_the_round_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.utils import timezone
+
+    from django_rmq_retry.parking import holds
+
+    now = timezone.now()
+    hold = KeyHold.objects.create(
+        receiver="r",
+        key="k",
+        queue="p.r.p00",
+        state="retrying",
+        blocker="m1",
+        since=now,
+        changed_at=now,
+    )
+    r3, r4, r5 = (
+        HeldMessage.objects.create(hold=hold, message_id=f"m{n}", body=b"{}", held_at=now)
+        for n in (3, 4, 5)
+    )
+    published: list[list[int]] = []
+    monkeypatch.setattr(holds, "_publish", lambda q, held: published.append([r.pk for r in held]))
+    holds.release_next(hold.pk)
+    holds.keep(hold.pk, r5.pk)  # r5's copy came first (a redelivery reordered them): acked
+    holds.row_done(hold.pk, r3.pk)
+    holds.row_done(hold.pk, r4.pk)  # the round (r3, r4) is over: r5 goes out again
+    assert published == [[r3.pk, r4.pk, r5.pk], [r5.pk]]
+    holds.row_done(hold.pk, r5.pk)
+    assert not KeyHold.objects.exists()

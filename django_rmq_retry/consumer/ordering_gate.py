@@ -23,11 +23,13 @@ from ..core.gate_outcome import GateOutcome, Settled
 from ..core.message import Message
 from ..core.ordering import Arrival as Verdict
 from ..core.ordering import (
+    HoldState,
     Incoming,
     OrderingKeyError,
     Step,
     after_attempt,
     held_reason,
+    key_from_body,
     message_identity,
     on_arrival,
 )
@@ -38,6 +40,9 @@ from .actions import Delivery
 from .gates import Arrival, GateContext
 
 logger = logging.getLogger("django_rmq_retry.ordering")
+
+#: A free key, as the gate knows it without reading the database.
+FREE = holds.Found(None, None, False)
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,28 @@ class OrderingGate:
         self.names = context.names
         self._held_header = context.names.header(holds.HELD_HEADER)
         self._local = threading.local()
+        #: Per partition queue and connection: the keys that may be held (a superset).
+        self._held: dict[tuple[str, int], set[str]] = {}
         holds.connect()
+
+    def _maybe_held(self, rec: Receiver, d: Delivery) -> set[str]:
+        """The keys of ``d``'s partition that may be held, read from the database on the
+        first delivery of that partition on this connection, then kept here.
+
+        Only the partition's active consumer creates holds for its keys (a failure's
+        :meth:`after`), and RabbitMQ gives the partition to one consumer at a time, which
+        stays active until its connection goes: so on a connection's first delivery from a
+        partition this consumer has just become its active one, reads the holds a previous
+        one left, and from then on knows every hold of the partition (an operator's
+        release only frees keys: a key here that turns out free is dropped on its next
+        read). A key not here runs without a read of the database."""
+        slot = (d.queue, d.generation)
+        keys = self._held.get(slot)
+        if keys is None:
+            for old in [s for s in self._held if s[0] == d.queue]:
+                del self._held[old]
+            keys = self._held[slot] = holds.held_keys(rec.name, d.queue)
+        return keys
 
     def uses_database(self, rec: Receiver) -> bool:
         """The holds' rows: only an ordered receiver's deliveries (``gates``)."""
@@ -69,14 +95,23 @@ class OrderingGate:
             return None
         d, env = arrival.delivery, arrival.envelope
         try:
-            key = rec.key_of(_message(arrival))
+            spec = rec.ordering_key
+            # a field: read from the decoded body at once (no Message built per delivery)
+            key = key_from_body(arrival.body, spec) if isinstance(spec, str) else None
+            key = key if key is not None else rec.key_of(_message(arrival))
         except OrderingKeyError as exc:
             return Park(ParkReason.NON_RETRYABLE, f"no ordering key: {exc}")
         headers = d.properties.get("headers") or {}
         row = headers.get(self._held_header)
         row = row if isinstance(row, int) and not isinstance(row, bool) else None
         ident = message_identity(d.properties.get("message_id"), env.routing_key, d.body)
-        found = holds.read(rec.name, key, row)
+        maybe_held = self._maybe_held(rec, d)
+        if row is None and key not in maybe_held:
+            found = FREE  # the usual case: no read of the database at all
+        else:
+            found = holds.read(rec.name, key, row)
+            if found.hold is None:
+                maybe_held.discard(key)
         incoming = Incoming(ident, row, found.row_held)
         self._local.seen = _Seen(d, key, incoming, found)
         verdict = on_arrival(found.hold, incoming)
@@ -89,6 +124,8 @@ class OrderingGate:
         assert hold is not None and found.pk is not None
         why = held_reason(hold.blocker, key, hold.state)
         if verdict is Verdict.KEEP:
+            if hold.state is HoldState.RELEASING and row is not None:
+                holds.keep(found.pk, row)
             return Settled(f"waits again in its place: {why}")
         holds.set_aside(
             found.pk,
@@ -113,6 +150,7 @@ class OrderingGate:
         # (counted), and its next run takes the step again.
         if step is Step.HOLD:
             holds.take(rec.name, seen.key, d.queue, seen.incoming.message)
+            self._maybe_held(rec, d).add(seen.key)
         elif step is Step.BLOCK:
             assert found.pk is not None and seen.incoming.row is not None
             holds.block_on_row(found.pk, seen.incoming.row, seen.incoming.message)

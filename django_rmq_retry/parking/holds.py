@@ -76,6 +76,12 @@ def read(receiver: str, key: str, row: int | None) -> Found:
     return Found(_view(hold), hold.pk, held)
 
 
+def held_keys(receiver: str, queue: str) -> set[str]:
+    """The keys of ``receiver`` held on partition ``queue`` now."""
+    rows = KeyHold.objects.using(_db()).filter(receiver=receiver, queue=queue)
+    return set(rows.values_list("key", flat=True))
+
+
 def set_aside(
     hold_pk: int,
     *,
@@ -97,6 +103,15 @@ def set_aside(
         held_at=timezone.now(),
     )
     return int(row.pk)
+
+
+def keep(hold_pk: int, row: int) -> None:
+    """A released copy came ahead of its turn (after a redelivery reordered them) and was
+    acked: its row stays where it is, and the round ends before it, so the copies of the
+    rows before it run and then it is published again with the rest, in order."""
+    KeyHold.objects.using(_db()).filter(
+        pk=hold_pk, state=HoldState.RELEASING.value, released_upto__gte=row
+    ).update(released_upto=row - 1, changed_at=timezone.now())
 
 
 def take(receiver: str, key: str, queue: str, blocker: str) -> None:
