@@ -34,6 +34,7 @@ ORDER = [
     "growth",
     "observability",  # metrics + tracing on vs off, happy and retry paths
     "typed",  # a typed receiver's cost per message (msgspec, pydantic, dataclass; no broker)
+    "ordering",  # an ordered receiver (ordering_key) with no failures vs the same unordered
     "io",  # 50 ms of I/O per message: threads, async def, and the peers' best pools
     "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
 ]
@@ -52,10 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_django(run)
         from bench.io_bound import io
+        from bench.ordering import ordering
         from bench.peers.scenario import peers
         from bench.scenarios import SCENARIOS
 
-        scenarios = {**SCENARIOS, "io": io, "peers": peers}  # bench/peers: optional peers, last
+        scenarios = {
+            **SCENARIOS,
+            "io": io,
+            "ordering": ordering,
+            "peers": peers,
+        }  # bench/peers: optional peers, last
         for name in ORDER:
             if name not in wanted:
                 continue

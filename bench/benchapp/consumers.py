@@ -27,6 +27,7 @@ park_topic = Topic("bench.park")
 requeue_topic = Topic("bench.requeue")
 io_topic = Topic("bench.io")
 aio_topic = Topic("bench.aio")
+ordered_topic = Topic("bench.ordered")
 
 #: Seconds of I/O one message of the I/O-bound scenario waits for.
 IO_SECONDS = 0.05
@@ -67,6 +68,13 @@ def _count_call() -> None:
 @receiver(noop_topic)
 def bench_noop(message, **kwargs):
     """Does nothing; remembers when it was last called (written at exit as ``end ...``)."""
+    mark_first()
+    _count_call()
+
+
+@receiver(ordered_topic, ordering_key="i")
+def bench_ordered(message, **kwargs):
+    """``bench_noop`` with per-key order (every message its own key: none is held)."""
     mark_first()
     _count_call()
 
