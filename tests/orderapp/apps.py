@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OrderAppConfig(AppConfig):
+    name = "tests.orderapp"
+    label = "tests_orderapp"
