@@ -13,6 +13,7 @@ from .core.backoff import Policy, policy_errors
 from .core.outcome import ParkReason
 from .ordering_models import HeldMessage as HeldMessage  # per-key order's tables, found here
 from .ordering_models import KeyHold as KeyHold
+from .periodic_models import PeriodicTask as PeriodicTask  # periodic tasks' schedules
 
 #: What operators read for each of the core's park reasons. The values live in
 #: ``outcome.ParkReason`` only (the core stays free of Django); a reason added there

@@ -441,8 +441,14 @@ def test_the_tutorials_tasks_module_runs_as_written(tmp_path, monkeypatch, regis
     page = (Path(__file__).parent.parent / "docs" / "tutorial" / "tasks.md").read_text()
     (code,) = re.findall(r"```python\n(# shop/tasks\.py\n.*?)```", page, re.S)
     (settings_code,) = re.findall(r"```python\n# settings\.py\n(TASKS = .*?)```", page, re.S)
+    (periodic_code,) = re.findall(
+        r"```python\n# settings\.py\n(TASKS\[\"default\"\]\[\"OPTIONS\"\]\[\"periodic\"\] = .*?)```",
+        page,
+        re.S,
+    )
     declared: dict = {}
     exec(settings_code, declared)
+    exec(periodic_code, declared)
     (tmp_path / "shop").mkdir()
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "shop" / "tasks.py").write_text(code)
@@ -459,6 +465,14 @@ def test_the_tutorials_tasks_module_runs_as_written(tmp_path, monkeypatch, regis
             result = shop.add.enqueue(2, 3)
             broker.run_until_idle()
         result.refresh()
+        from django_rmq_retry.models import PeriodicTask
+        from django_rmq_retry.tasks import periodic
+
+        periodic.sync_declared()
+        assert sorted(PeriodicTask.objects.values_list("name", "task_path")) == [
+            ("nightly-receipts", "shop.tasks.send_receipt"),
+            ("sum-every-minute", "shop.tasks.add"),
+        ]
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
 
 

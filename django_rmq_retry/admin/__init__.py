@@ -10,7 +10,8 @@ message and its history), :mod:`.parked_actions` (requeue, republish, discard),
 requeues, with their progress), :mod:`.dashboard` (failure groups), :mod:`.retry_policies`
 (retry policy overrides), :mod:`.outbox` (rows waiting to be published, and those held),
 :mod:`.tasks` (task results), :mod:`.dependencies` (the dependency breakers),
-:mod:`.holds` (per-key order: held keys and the messages behind them);
+:mod:`.holds` (per-key order: held keys and the messages behind them), :mod:`.periodic`
+(periodic tasks' schedules);
 :mod:`.parked` puts the parked-message admin together and registers it. :mod:`.preview`
 shows a body to an operator.
 """
@@ -21,6 +22,7 @@ from . import holds, outbox  # noqa: F401  (the held keys' and the outbox's admi
 from .changelist import COUNT_CAP, CappedPaginator, IndexedValuesFilter
 from .dependencies import DependencyAdmin
 from .parked import ParkedMessageAdmin
+from .periodic import PeriodicTaskAdmin
 from .requeue_operations import RequeueOperationAdmin
 from .retry_policies import RetryPolicyAdmin, RetryPolicyForm
 from .tasks import TaskResultRecordAdmin
@@ -31,6 +33,7 @@ __all__ = [
     "DependencyAdmin",
     "IndexedValuesFilter",
     "ParkedMessageAdmin",
+    "PeriodicTaskAdmin",
     "RequeueOperationAdmin",
     "RetryPolicyAdmin",
     "RetryPolicyForm",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
@@ -60,6 +61,8 @@ class Housekeeper:
         #: Background requeue operations, stepped on a thread of their own (the relay's
         #: waits would pace them otherwise).
         self._operations = None if once else OperationsRunner(stop)
+        #: Periodic tasks (``tasks.periodic``), stepped each round when tasks are ours.
+        self._scheduler = None if once else _scheduler()
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "rmq-outbox-relay")
@@ -103,6 +106,8 @@ class Housekeeper:
             if time.monotonic() >= next_sweep:  # per-key order: releases whose copies got lost
                 next_sweep = time.monotonic() + RELEASE_STALL_SECONDS / 3
                 _sweep_stalled_releases()
+            if self._scheduler is not None:
+                _step_periodic(self._scheduler)
             if step == Drain.NEXT:
                 continue
             if step == Drain.PAUSE:  # rows held up by another relay's round
@@ -155,6 +160,25 @@ class Housekeeper:
                 )
         except DatabaseError as exc:
             logger.warning("hourly chores failed (%s); next try in an hour", exc)
+
+
+def _scheduler() -> Any:
+    """The periodic tasks' scheduler, when ``TASKS`` names our backend and this Django has
+    a task API (imported only then: the tasks package needs it)."""
+    from ..registry.task_api import task_api_module, uses_task_backend
+
+    if not uses_task_backend() or task_api_module() is None:
+        return None
+    from ..tasks.periodic import Scheduler
+
+    return Scheduler()
+
+
+def _step_periodic(scheduler: Any) -> None:
+    try:
+        scheduler.step()
+    except Exception:  # the database or the broker is away: the next round tries again
+        logger.exception("periodic tasks: a step failed")
 
 
 def _sweep_stalled_releases() -> None:

@@ -16,6 +16,8 @@ requeue; there is no second worker loop.
     "retry": {...}         # default retry policy of this backend's tasks (Policy fields)
     "backoff": callable    # default backoff(exception, task_result) -> seconds | None, or
                            # its dotted path (a task's own backoff= wins)
+    "periodic": {name: {"task": "app.tasks.f", "every": 60 | "cron": "0 3 * * *",
+                        "args": [], "kwargs": {}}}   # periodic tasks (``periodic``)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..topics import Topic
 from . import parked, results
 from .api import BaseTaskBackend, Task, TaskResult, normalize_json, task_enqueued
 from .defer import publish_deferred
+from .periodic import check_spec as periodic_spec
 from .results import READY
 from .runner import runner_for
 from .task_message import MAX_PRIORITY, TaskMessage, amqp_priority, receiver_name
@@ -107,6 +110,7 @@ class RabbitMQBackend(BaseTaskBackend):
             "result_retention",
             "retry",
             "backoff",
+            "periodic",
             "registry",
         }
         if unknown:
@@ -128,6 +132,11 @@ class RabbitMQBackend(BaseTaskBackend):
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['retry']: {exc}") from exc
         self.registry: Registry = options.get("registry") or default_registry
         self.backoff: Any = options.get("backoff")
+        for name, spec in (options.get("periodic") or {}).items():
+            try:
+                periodic_spec(str(name), spec)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from exc
         parked.connect()  # a parked task's result: FAILED, then task_finished
 
     # Declaring ---------------------------------------------------------------------------
