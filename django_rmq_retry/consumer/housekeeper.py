@@ -107,7 +107,7 @@ class Housekeeper:
                 next_sweep = time.monotonic() + RELEASE_STALL_SECONDS / 3
                 _sweep_stalled_releases()
             if self._scheduler is not None:
-                _step_periodic(self._scheduler)
+                self._scheduler.step()  # never raises: it logs a failing spell once
             if step == Drain.NEXT:
                 continue
             if step == Drain.PAUSE:  # rows held up by another relay's round
@@ -172,13 +172,6 @@ def _scheduler() -> Any:
     from ..tasks.periodic import Scheduler
 
     return Scheduler()
-
-
-def _step_periodic(scheduler: Any) -> None:
-    try:
-        scheduler.step()
-    except Exception:  # the database or the broker is away: the next round tries again
-        logger.exception("periodic tasks: a step failed")
 
 
 def _sweep_stalled_releases() -> None:

@@ -105,9 +105,10 @@ def sync_declared(now: datetime | None = None) -> None:
         if {"every_seconds", "cron"} & set(changed) or row.next_run_at is None:
             changed["next_run_at"] = _first(fields, now)
         PeriodicTask.objects.using(db).filter(pk=row.pk).update(**changed)
-    PeriodicTask.objects.using(db).filter(source=PeriodicTask.SETTINGS, enabled=True).exclude(
-        name__in=list(specs)
-    ).update(enabled=False)
+    gone = PeriodicTask.objects.using(db).filter(source=PeriodicTask.SETTINGS, enabled=True)
+    gone = gone.exclude(name__in=list(specs))
+    if gone.exists():  # no write (no SQLite write lock) when there is nothing to disable
+        gone.update(enabled=False)
 
 
 def _first(fields: Mapping[str, Any], now: datetime) -> datetime:
@@ -168,13 +169,27 @@ def _task(row: PeriodicTask) -> Task:
 
 class Scheduler:
     """One consumer process's stepping of the schedules (its housekeeping thread calls
-    :meth:`step` about once a second): the declared ones synced at the first step."""
+    :meth:`step` about once a second): the declared ones synced at the first step.
+
+    A step that fails (the database or the broker away) is logged once per failing spell,
+    not every second, and the next step tries again."""
 
     def __init__(self) -> None:
         self._synced = False
+        self._failing = False
 
     def step(self) -> int:
-        if not self._synced:
-            sync_declared()
-            self._synced = True
-        return tick_due()
+        try:
+            if not self._synced:
+                sync_declared()
+                self._synced = True
+            done = tick_due()
+        except Exception:
+            if not self._failing:
+                logger.exception("periodic tasks: a step failed; trying again each second")
+            self._failing = True
+            return 0
+        if self._failing:
+            logger.info("periodic tasks: stepping again")
+        self._failing = False
+        return done
