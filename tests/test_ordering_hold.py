@@ -255,3 +255,33 @@ def test_a_copy_ahead_of_its_turn_ends_the_round_before_it(
     assert published == [[r3.pk, r4.pk, r5.pk], [r5.pk]]
     holds.row_done(hold.pk, r5.pk)
     assert not KeyHold.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_consumer_taking_over_a_partition_reads_the_holds_left_there(book: Book) -> None:
+    from django.utils import timezone
+
+    from django_rmq_retry.conf import current_names
+    from django_rmq_retry.core.ordering import partition_of
+    from django_rmq_retry.core.topology_plan import receiver_queues
+    from django_rmq_retry.registry import default_registry
+
+    rec = next(r for r in default_registry.all() if r.ordering_key == "account")
+    queue = receiver_queues(rec, current_names().prefix, 4)[partition_of("a", 4)]
+    now = timezone.now()
+    # A hold a previous active consumer of the partition left (its blocker still retrying).
+    KeyHold.objects.create(
+        receiver=rec.name,
+        key="a",
+        queue=queue,
+        state="retrying",
+        blocker="elsewhere",
+        since=now,
+        changed_at=now,
+    )
+    with InMemoryBroker() as broker:
+        _send(["a", "b"], 2)
+        runs = broker.run_until_idle()
+    assert book.applied == {"b": [0, 1]}
+    assert [r.outcome for r in runs if r.outcome == "set_aside"] == ["set_aside"] * 2
+    assert HeldMessage.objects.count() == 2
