@@ -122,8 +122,8 @@ class TaskRunner:
 def async_runner(runner: TaskRunner) -> Callable[..., Any]:
     """The receiver of an ``async def`` task: an ``async def`` function (so every Python
     the package supports sees a coroutine function, and the consumer awaits it on its event
-    loop, ``consumer.aio``), named as ``runner`` is; the result row, the signals and the
-    retry decision run as synchronous units through ``sync_to_async``."""
+    loop, ``consumer.aio``), named as ``runner`` is; the result row and the signals are
+    written as synchronous units through ``sync_to_async``."""
 
     async def run_async(message: Message, *, receiver: Receiver, **kwargs: Any) -> None:
         loaded = await _sync(runner.load)(message)
