@@ -63,7 +63,7 @@ def test_a_redelivery_of_a_running_message_from_a_cancelled_consumer_stands_in()
     overruns.new_channel(1)
     first = Job(delivery(1))
     assert overruns.arrived(first, "c1", book) == RUN
-    overruns.cancelled("c1")
+    overruns.cancelled("c1", book)
     assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == STAND_IN
     assert overruns.ended(first) == ([], False)
     assert book.ack(1)
@@ -90,7 +90,7 @@ def test_a_run_of_the_connection_before_holds_the_redelivery_on_the_new_one():
     overruns.new_channel(1)
     old = Job(delivery(1))
     overruns.arrived(old, "c1", book)
-    overruns.cancelled("c1")
+    overruns.cancelled("c1", book)
     overruns.new_channel(2)
     new = Job(delivery(1, redelivered=True, gen=2))
     assert overruns.arrived(new, "c9", AckBook()) == WAIT  # tags of two channels: no stand-in
@@ -111,9 +111,9 @@ def test_taken_back_limit_times_while_one_run_goes_on_the_message_is_parked():
     overruns.new_channel(1)
     run = Job(delivery(1))
     overruns.arrived(run, "c1", book)
-    overruns.cancelled("c1")
+    overruns.cancelled("c1", book)
     assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == STAND_IN
-    overruns.cancelled("c2")
+    overruns.cancelled("c2", book)
     assert overruns.arrived(Job(delivery(3, redelivered=True)), "c3", book) == 2  # park it
     # The run ends later: its outcome is dropped, and settling its tag sends nothing.
     assert overruns.ended(run) == ([], True)
@@ -124,3 +124,92 @@ def test_taken_back_limit_times_while_one_run_goes_on_the_message_is_parked():
     assert book.flush() == [Frame(3)]
     # A later delivery of it (its row could not be parked, say) waits for nothing.
     assert overruns.arrived(Job(delivery(4, redelivered=True)), "c3", book) == RUN
+
+
+def test_taken_back_after_the_run_ended_before_its_outcome_is_answered():
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.ended(run)  # e.g. its retry copy waits for the broker's confirm
+    overruns.cancelled("c1", book)
+    assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == STAND_IN
+    assert book.ack(1)  # the copy is confirmed: the stand-in is acked
+    assert book.flush() == [Frame(2)]
+
+
+def test_taken_back_after_the_outcome_is_settled_but_not_yet_sent():
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.ended(run)
+    assert book.ack(1)  # settled, waiting for the next flush
+    overruns.cancelled("c1", book)
+    assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == STAND_IN
+    assert book.flush() == [Frame(2)]  # the ack goes to the delivery the broker holds now
+
+
+def test_once_its_outcome_is_sent_a_new_delivery_runs():
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.ended(run)
+    book.ack(1)
+    assert book.flush() == [Frame(1)]
+    overruns.cancelled("c1", book)
+    assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == RUN
+    assert overruns.running() == 1  # the ended run is forgotten
+
+
+def test_cancelled_while_it_runs_its_outcome_waits_for_the_redelivery():
+    # The consumer timeout fires, the run ends, and only then (the consumer resumed) does the
+    # broker deliver the message again: the outcome must go to that delivery, never to the
+    # taken-back tag.
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2, 3)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.cancelled("c1", book)
+    overruns.ended(run)
+    assert book.ack(1)
+    assert book.flush() == []  # nothing to the taken-back tag
+    assert overruns.arrived(Job(delivery(3, redelivered=True)), "c2", book) == STAND_IN
+    assert book.flush() == [Frame(3)]
+
+
+def test_cancelled_after_the_outcome_is_settled_but_not_sent():
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.ended(run)
+    assert book.nack(1)
+    overruns.cancelled("c1", book)
+    assert book.flush() == []
+    assert overruns.arrived(Job(delivery(2, redelivered=True)), "c2", book) == STAND_IN
+    assert book.flush() == [Frame(2, nack=True)]
+
+
+def test_a_cancel_spares_deliveries_of_other_consumers():
+    overruns, book = Overruns(identity, limit=5), book_with(1)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.cancelled("c9", book)  # another queue's consumer
+    overruns.ended(run)
+    assert book.ack(1)
+    assert book.flush() == [Frame(1)]
+
+
+def test_without_consumer_timeouts_a_cancel_holds_no_outcome_back():
+    # Classic queues: a cancel means a deleted queue or a node gone, nothing delivered again.
+    overruns, book = Overruns(identity, limit=5, timeouts=False), book_with(1)
+    overruns.new_channel(1)
+    run = Job(delivery(1))
+    overruns.arrived(run, "c1", book)
+    overruns.cancelled("c1", book)
+    overruns.ended(run)
+    assert book.ack(1)
+    assert book.flush() == [Frame(1)]

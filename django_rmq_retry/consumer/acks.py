@@ -35,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass
 
 OPEN, ACK, REQUEUE, DROP, TAKEN_BACK = 0, 1, 2, 3, 4
+#: Where a taken-back delivery's stand-in is awaited (``AckBook.await_stand_in``).
+AWAITED = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ class AckBook:
     :meth:`ack` or :meth:`nack` once it settles, and send what :meth:`flush` returns.
     """
 
-    __slots__ = ("_instead", "_order", "_settled", "_state")
+    __slots__ = ("_awaited", "_instead", "_order", "_settled", "_state")
 
     def __init__(self) -> None:
         #: Every delivery not answered yet (open, or settled since the last flush).
@@ -63,8 +65,11 @@ class AckBook:
         self._order: deque[int] = deque()
         #: Tags settled since the last flush, in the order they settled.
         self._settled: list[int] = []
-        #: A taken-back tag -> the delivery that settles in its place (``stand_in``).
+        #: A taken-back tag -> the delivery that settles in its place (``stand_in``), or
+        #: AWAITED while that one is on its way.
         self._instead: dict[int, int] = {}
+        #: A taken-back tag whose stand-in is awaited -> its settlement (AWAITED: none yet).
+        self._awaited: dict[int, int] = {}
 
     def __len__(self) -> int:
         """Deliveries not answered yet: open ones and those settled since the last flush."""
@@ -95,22 +100,68 @@ class AckBook:
     def stand_in(self, taken_back: int, live: int) -> None:
         """The broker took ``taken_back`` back and delivered its message again as ``live``
         (see the module docstring): settling ``taken_back`` settles ``live`` from now on,
-        and ``taken_back`` (like a stand-in it replaced) is never answered."""
-        previous = self._instead.get(taken_back)
-        for tag in (taken_back, previous):
-            if tag is not None and self._state.get(tag) == OPEN:
+        and ``taken_back`` (like a stand-in it replaced) is never answered. If the one it
+        replaces is settled already and its frame not sent yet, or ``taken_back`` settled
+        while its stand-in was awaited (:meth:`await_stand_in`), ``live`` takes that
+        settlement over now."""
+        if self._state.get(live) != OPEN:
+            return
+        outcome = self._awaited.pop(taken_back, None)
+        holder = self._instead.get(taken_back, taken_back)
+        if outcome is None and self._state.get(holder) in (ACK, REQUEUE, DROP):
+            outcome = self._state[holder]
+            self._settled.remove(holder)
+        for tag in (taken_back, holder):
+            if tag >= 0 and self._state.get(tag) in (OPEN, ACK, REQUEUE, DROP):
                 self._state[tag] = TAKEN_BACK
+        if outcome is not None and outcome != AWAITED:
+            self._instead.pop(taken_back, None)
+            self._state[live] = outcome
+            self._settled.append(live)
+            return
         self._instead[taken_back] = live
+
+    def await_stand_in(self, taken_back: int) -> None:
+        """The broker probably took back the delivery that settles ``taken_back`` (its
+        consumer was cancelled while it waited) and will deliver it again: nothing answers
+        it from now on; a settlement of ``taken_back`` waits for :meth:`stand_in`."""
+        holder = self._instead.get(taken_back, taken_back)
+        if holder < 0:
+            return  # awaited already
+        outcome = self._state.get(holder)
+        if outcome in (ACK, REQUEUE, DROP):
+            self._settled.remove(holder)
+            self._awaited[taken_back] = outcome
+        elif outcome != OPEN:
+            return  # answered already: nothing to await
+        else:
+            self._awaited[taken_back] = AWAITED
+        self._state[holder] = TAKEN_BACK
+        if self._state.get(taken_back) == OPEN:
+            self._state[taken_back] = TAKEN_BACK
+        self._instead[taken_back] = AWAITED
+
+    def holds(self, tag: int) -> bool:
+        """Whether ``tag``'s answer is still to be sent (open, settled since the last
+        flush, or taken back: never)."""
+        return tag in self._state
 
     def take_back(self, tag: int) -> None:
         """The broker took ``tag`` back and its stand-in (if any) settles on its own:
         settling ``tag`` sends nothing, ever."""
         self._instead.pop(tag, None)
+        self._awaited.pop(tag, None)
         if self._state.get(tag) == OPEN:
             self._state[tag] = TAKEN_BACK
 
     def _settle(self, tag: int, outcome: int) -> bool:
-        tag = self._instead.pop(tag, tag)
+        target = self._instead.pop(tag, tag)
+        if target == AWAITED:  # its stand-in is on its way: settled when it arrives
+            if self._awaited.get(tag) != AWAITED:
+                return False
+            self._awaited[tag] = outcome
+            return True
+        tag = target
         if self._state.get(tag) != OPEN:
             return False
         self._state[tag] = outcome

@@ -117,7 +117,11 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         )
         self._limits = limits
         #: Messages whose run goes on: a delivery of one never runs beside it (overruns).
-        self._overruns = Overruns(limits.key, int(app_settings.DELIVERY_LIMIT))
+        self._overruns = Overruns(
+            limits.key,
+            int(app_settings.DELIVERY_LIMIT),
+            timeouts=str(app_settings.QUEUE_TYPE) == "quorum",
+        )
         self._notifier = Notifier()
         self.handler = Handler(
             self.names,

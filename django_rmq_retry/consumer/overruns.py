@@ -10,8 +10,10 @@ the other settles). Earlier versions closed the channel instead (406), which too
 delivery of the channel back at once.
 
 :class:`Overruns` tracks the message of every delivery the consumer admitted (by the
-delivery limit's identity: queue, message id, body, attempt) until its run ends, and says
-what to do with another delivery of it that arrives meanwhile (:meth:`Overruns.arrived`):
+delivery limit's identity: queue, message id, body, attempt) until its run ended and its
+outcome's frame is sent (the broker may take it back in between: a retry copy waiting for
+its confirm, a row for its commit, an ack for the next flush), and says what to do with
+another delivery of it that arrives meanwhile (:meth:`Overruns.arrived`):
 
 * the broker took the running one back (its consumer was cancelled, the new one is
   redelivered, on the same channel): the new delivery **stands in** for it. It never runs;
@@ -23,7 +25,7 @@ what to do with another delivery of it that arrives meanwhile (:meth:`Overruns.a
   comes, is dropped (its message is parked already).
 * any other overlap (the same message published twice, a redelivery after a lost
   connection while the old run goes on): the new delivery **waits** and runs once the
-  earlier run has ended.
+  earlier run has ended (after its end, it runs at once).
 
 :class:`Cancels` is the part of ``dispatch.Dispatcher`` that applies it: the broker's
 ``basic.cancel`` (remembered per consumer tag, then resumed by the engine's tick),
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,16 +80,28 @@ class _Run:
     taken_back: int = 0  # how often the broker took it back while the run went on
     waiting: list[Job] = field(default_factory=list)
     superseded: bool = False  # its message is parked: the run's outcome is dropped
+    done: bool = False  # the run ended; kept until its outcome's frame is sent
+
+    def live_tag(self) -> int:
+        """The tag its outcome will settle: its stand-in's, else its own."""
+        return (self.live or self.job).delivery.tag
 
 
 class Overruns:
     """Every admitted message until its run ends (see the module docstring). Any thread."""
 
-    def __init__(self, identity: Callable[[Delivery], str], limit: int) -> None:
+    def __init__(
+        self, identity: Callable[[Delivery], str], limit: int, *, timeouts: bool = True
+    ) -> None:
         self._identity = identity
+        #: Whether a cancel may be a consumer timeout (quorum queues, RabbitMQ 4.3): else
+        #: a cancel (queue deleted, node gone) takes nothing back that is delivered again.
+        self.timeouts = timeouts
         self.limit = max(1, int(limit))
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
+        #: Identities whose run ended, oldest first, until their outcome's frame is sent.
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._keys: dict[int, str] = {}  # id(job) of a run -> its identity
         self._cancelled: set[str] = set()  # consumer tags the broker cancelled (this channel)
         self._generation = 0
@@ -98,17 +113,36 @@ class Overruns:
             self._generation = generation
             self._cancelled.clear()
             for key, run in list(self._runs.items()):
-                if run.job.state is CANCELLED:  # it never ran, and never will
+                # A job cancelled never ran and never will; an ended run's outcome was
+                # for the old channel, which took its unanswered deliveries back.
+                if run.job.state is CANCELLED or run.done:
                     del self._runs[key]
                     self._keys.pop(id(run.job), None)
+                    self._ended.pop(key, None)
                     continue
                 run.live, run.live_consumer = None, ""
                 run.waiting = [j for j in run.waiting if j.delivery.generation == generation]
 
-    def cancelled(self, consumer_tag: str) -> None:
-        """The broker cancelled this consumer (``basic.cancel``)."""
+    def cancelled(self, consumer_tag: str, book: AckBook) -> None:
+        """The broker cancelled this consumer (``basic.cancel``; the loop's thread). A
+        delivery it handed us that stands for a run (the run's own, or its stand-in) and
+        waits unanswered is the one the consumer timeout took back (held longer than any
+        other), and is delivered again: from now on the run's outcome waits for that
+        redelivery (``AckBook.await_stand_in``). Answering the old tag would put the
+        cancelled consumer back to work (module docstring of ``acks``)."""
         with self._lock:
             self._cancelled.add(consumer_tag)
+            if not self.timeouts:
+                return
+            for run in self._runs.values():
+                holder_consumer = run.live_consumer if run.live is not None else run.consumer
+                if (
+                    holder_consumer == consumer_tag
+                    and not run.superseded
+                    and run.generation == self._generation
+                    and run.job.state is not CANCELLED
+                ):
+                    book.await_stand_in(run.job.delivery.tag)
 
     def arrived(self, job: Job, consumer_tag: str, book: AckBook) -> str | int:
         """A delivery arrived (the loop's thread): ``RUN`` it, let it ``WAIT`` for the run of
@@ -117,22 +151,37 @@ class Overruns:
         d = job.delivery
         key = self._identity(d)
         with self._lock:
+            self._forget_answered(book)
             run = self._runs.get(key)
-            if run is None or run.job.state is CANCELLED:  # (cancelled: it never ran)
+            holder = run.live if run is not None and run.live is not None else None
+            holder_consumer = (
+                (run.live_consumer if holder is not None else run.consumer) if run else ""
+            )
+            taken_back = (
+                run is not None
+                and not run.superseded
+                and d.redelivered
+                and run.generation == d.generation == self._generation
+                and holder_consumer in self._cancelled
+            )
+            if run is None or run.job.state is CANCELLED or (run.done and not taken_back):
+                # Nothing of it runs (a cancelled job never ran; an ended run's outcome
+                # is answered, or this is not the broker taking it back): run it.
                 if run is not None:
                     self._keys.pop(id(run.job), None)
+                    self._ended.pop(key, None)
                 self._runs[key] = _Run(job, consumer_tag, d.generation)
                 self._keys[id(job)] = key
                 return RUN
-            holder = run.live if run.live is not None else run.job
-            holder_consumer = run.live_consumer if run.live is not None else run.consumer
-            if run.superseded or not (
-                d.redelivered
-                and run.generation == d.generation == self._generation
-                and holder_consumer in self._cancelled
-            ):
+            assert run is not None
+            if not taken_back:
                 run.waiting.append(job)
                 return WAIT
+            if run.done:  # ended, its outcome's frame not sent: that frame goes to this one
+                book.stand_in(run.job.delivery.tag, d.tag)
+                run.live, run.live_consumer = job, consumer_tag
+                return STAND_IN
+            holder = holder or run.job
             run.taken_back += 1
             if run.taken_back >= self.limit:
                 run.superseded = True
@@ -148,12 +197,30 @@ class Overruns:
         """``job``'s run ended (any thread): the deliveries that waited for it (to run
         now), and whether its outcome is to be dropped (its message was parked)."""
         with self._lock:
-            key = self._keys.pop(id(job), None)
+            key = self._keys.get(id(job))
             run = self._runs.get(key) if key is not None else None
-            if key is None or run is None or run.job is not job:
+            if key is None or run is None or run.job is not job or run.done:
                 return [], False
-            del self._runs[key]
-            return run.waiting, run.superseded
+            waiting, run.waiting = run.waiting, []
+            if run.superseded:  # parked: nothing of it is answered through this run
+                del self._runs[key]
+                self._keys.pop(id(job), None)
+                return waiting, True
+            run.done = True  # until its outcome is answered: the broker may take it back
+            self._ended[key] = None
+            return waiting, False
+
+    def _forget_answered(self, book: AckBook) -> None:
+        """Drop ended runs whose outcome's frame is sent (oldest first; the lock held)."""
+        while self._ended:
+            key = next(iter(self._ended))
+            run = self._runs.get(key)
+            if run is not None and run.done and book.holds(run.live_tag()):
+                return
+            del self._ended[key]
+            if run is not None and run.done:
+                del self._runs[key]
+                self._keys.pop(id(run.job), None)
 
     def running(self) -> int:
         """Messages whose run has not ended."""
@@ -182,7 +249,7 @@ class Cancels:
         """The broker cancelled one of our consumers (``basic.cancel``: its queue deleted,
         its node gone, a delivery of it past the queue's consumer timeout). The engine's
         next tick consumes that queue again; the channel stays."""
-        self._overruns.cancelled(consumer_tag)
+        self._overruns.cancelled(consumer_tag, self._acks)
         self._cancelled.append(consumer_tag)
 
     def _admit(self, job: Job, consumer_tag: str) -> None:
