@@ -213,3 +213,19 @@ def test_without_consumer_timeouts_a_cancel_holds_no_outcome_back():
     overruns.ended(run)
     assert book.ack(1)
     assert book.flush() == [Frame(1)]
+
+
+def test_a_run_still_awaiting_its_stand_in_never_keeps_others_from_being_forgotten():
+    overruns, book = Overruns(identity, limit=5), book_with(1, 2, 3)
+    overruns.new_channel(1)
+    waiting, done = Job(delivery(1, "a")), Job(delivery(2, "b"))
+    overruns.arrived(waiting, "c1", book)
+    overruns.arrived(done, "c2", book)
+    overruns.cancelled("c1", book)  # a's outcome now waits for a redelivery
+    overruns.ended(waiting)
+    overruns.ended(done)
+    book.ack(1)
+    book.ack(2)
+    assert book.flush() == [Frame(2)]
+    overruns.arrived(Job(delivery(3, "c")), "c2", book)
+    assert overruns.running() == 2  # a (awaiting) and c; b is forgotten

@@ -53,6 +53,9 @@ from .pool import CANCELLED, Job
 logger = logging.getLogger("django_rmq_retry.consumer")
 
 RUN, WAIT, STAND_IN = "run", "wait", "stand-in"
+#: Ended runs looked at per arrival, to forget those whose outcome is answered: more than
+#: one, so they are forgotten faster than arrivals can end runs.
+FORGET_PER_ARRIVAL = 4
 
 #: The give-back cause named when a message overran its queue's consumer timeout.
 OVERRAN = "it overran its queue's consumer timeout (RabbitMQ took it back and delivered it again)"
@@ -211,19 +214,22 @@ class Overruns:
             return waiting, False
 
     def _forget_answered(self, book: AckBook) -> None:
-        """Drop ended runs whose outcome's frame is sent (oldest first; the lock held)."""
-        while self._ended:
+        """Drop ended runs whose outcome's frame is sent (the lock held). A few per call,
+        oldest first; one still waiting (a stand-in on its way) goes to the back, so it
+        never keeps the others from being forgotten."""
+        for _ in range(min(len(self._ended), FORGET_PER_ARRIVAL)):
             key = next(iter(self._ended))
             run = self._runs.get(key)
             if run is not None and run.done and book.holds(run.live_tag()):
-                return
+                self._ended.move_to_end(key)
+                continue
             del self._ended[key]
             if run is not None and run.done:
                 del self._runs[key]
                 self._keys.pop(id(run.job), None)
 
     def running(self) -> int:
-        """Messages whose run has not ended."""
+        """Messages tracked: running, or ended with their outcome not answered yet."""
         with self._lock:
             return len(self._runs)
 
