@@ -604,3 +604,20 @@ def test_real_broker_run_after_beyond_the_delay_levels_runs_once_on_time(rmq):
     assert t.RUNS == [("add", 1, [5, 6])]
     assert later.started_at >= run_after
     assert not ParkedMessage.objects.exists()
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_real_broker_a_cancelled_deferred_task_never_runs(rmq):
+    from django_rmq_retry.tasks import cancel
+
+    call_command("rmq_consume", setup_only=True, verbosity=0)
+    later = t.add.using(run_after=timezone.now() + timedelta(seconds=1.5)).enqueue(8, 8)
+    marker = t.add.using(run_after=timezone.now() + timedelta(seconds=1.5)).enqueue(9, 9)
+    assert cancel(later)
+    consume("tasks.default.tests.tasksproject.tasks.add", count=2, idle=10)
+    assert t.RUNS == [("add", 1, [9, 9])]  # the marker ran; the cancelled one was acked
+    assert _depth(rmq, "add") == 0
+    assert TaskResultRecord.objects.get(id=later.id).status == "CANCELLED"
+    marker.refresh()
+    assert marker.return_value == 18
