@@ -32,7 +32,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..core.schedule import Cron, ScheduleError, first_due, next_due
-from ..periodic_models import PeriodicTask
+from ..models import PeriodicTask
 from ..registry.task_api import TASK_BACKEND_PACKAGE
 from .api import Task
 

@@ -1,8 +1,6 @@
-"""Database state of the dependency breakers (``core.breaker``), shared by every process.
-
-Kept beside ``models`` (which imports these classes, so Django finds them there): one row
-per dependency that every consumer process steps with conditional updates, the failures
-that count towards a trip, and the history of its transitions.
+"""Database state of the dependency breakers (``core.breaker``), shared by every process:
+one row per dependency that every consumer process steps with conditional updates, the
+failures that count towards a trip, and the history of its transitions.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .core.breaker import State
+from ..core.breaker import State
 
 STATE_LABELS = {
     State.CLOSED: _("Closed (running)"),

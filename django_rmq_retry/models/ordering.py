@@ -1,8 +1,7 @@
-"""Database state of per-key order (``core.ordering``), shared by every consumer process.
-
-Kept beside ``models`` (which imports these classes, so Django finds them there): one row
-per held key, and the messages set aside behind it in arrival order (their ``id``). A hold
-is only ever deleted once no message is set aside behind it (``on_delete=PROTECT``).
+"""Database state of per-key order (``core.ordering``), shared by every consumer process:
+one row per held key, and the messages set aside behind it in arrival order (their
+``id``). A hold is only ever deleted once no message is set aside behind it
+(``on_delete=PROTECT``).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .core.ordering import HoldState
+from ..core.ordering import HoldState
 
 HOLD_STATE_LABELS = {
     HoldState.RETRYING: _("Retrying (its retry copy is on its way)"),

@@ -1,10 +1,9 @@
 """Periodic tasks' schedules (``tasks.periodic``), one row each, shared by every consumer.
 
-Kept beside ``models`` (which imports this class, so Django finds it there). A row comes
-from the task backend's ``OPTIONS["periodic"]`` (synced at each consumer's start) or from
-the admin. Every consumer process looks for due rows; the one whose conditional ``UPDATE``
-moves ``next_run_at`` on from the due time it read enqueues that tick, so a tick is
-enqueued once whatever the number of consumers.
+A row comes from the task backend's ``OPTIONS["periodic"]`` (synced at each consumer's
+start) or from the admin. Every consumer process looks for due rows; the one whose
+conditional ``UPDATE`` moves ``next_run_at`` on from the due time it read enqueues that
+tick, so a tick is enqueued once whatever the number of consumers.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .core.schedule import Cron, ScheduleError
+from ..core.schedule import Cron, ScheduleError
 
 
 class PeriodicTask(models.Model):
