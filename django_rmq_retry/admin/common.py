@@ -26,6 +26,34 @@ def _outside_request_transactions(view: _View) -> _View:
     return view
 
 
+class ViewOnly:
+    """An admin (or inline) that shows rows and never adds, changes or deletes one: what it
+    shows is written by the consumers and operations, and changed only through its actions."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class SeenByParkedViewers(ViewOnly):
+    """A view-only page that whoever may view parked messages may see too (the requeues
+    that move them, the breakers that stopped their receivers), besides the model's own
+    view permission."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(
+            "django_rmq_retry.view_parkedmessage"
+        ) or super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+
 #: Query-string keys of the changelist that are not filters.
 _NOT_FILTERS = frozenset({"p", "o", "e", "_changelist_filters", "_to_field", "_popup"})
 

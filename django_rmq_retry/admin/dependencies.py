@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 from ..breakers import overview, state
 from ..core.breaker import State
 from ..models import Dependency
-from .common import _when
+from .common import SeenByParkedViewers, _when
 
 #: The buttons: the state each sets, and what the operator is told once it took effect.
 VERBS = {
@@ -33,26 +33,8 @@ VERBS = {
 
 
 @admin.register(Dependency)
-class DependencyAdmin(admin.ModelAdmin):
+class DependencyAdmin(SeenByParkedViewers, admin.ModelAdmin):
     """One page for every dependency; rows are never added, changed or deleted here."""
-
-    # Operators who may see parked messages may see why their receivers stopped.
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(
-            "django_rmq_retry.view_parkedmessage"
-        ) or super().has_view_permission(request, obj)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("django_rmq_retry.operate_dependency"))

@@ -8,29 +8,16 @@ by editing these rows.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..core.ordering import HoldState, held_reason
 from ..models import HeldMessage, KeyHold
+from .common import ViewOnly
 from .preview import body_preview
 
 
-class _ViewOnly:
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class HeldMessageInline(_ViewOnly, admin.TabularInline):
+class HeldMessageInline(ViewOnly, admin.TabularInline):
     model = HeldMessage
     fields = ("id", "message_id", "status", "held_at", "body_short")
     readonly_fields = fields
@@ -52,7 +39,7 @@ class HeldMessageInline(_ViewOnly, admin.TabularInline):
 
 
 @admin.register(KeyHold)
-class KeyHoldAdmin(_ViewOnly, admin.ModelAdmin):
+class KeyHoldAdmin(ViewOnly, admin.ModelAdmin):
     list_display = ("key", "receiver", "state", "blocker", "held", "since", "changed_at")
     list_filter = ("state", "receiver")
     search_fields = ("=key", "=blocker")

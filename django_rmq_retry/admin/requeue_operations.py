@@ -29,7 +29,7 @@ from django.views.decorators.http import require_POST
 
 from ..models import OperationState, RequeueOperation
 from ..parking import operations
-from .common import _when
+from .common import SeenByParkedViewers, _when
 
 #: Each verb's button, and what the operator is told once it took effect. The page shows
 #: the ones ``operations.progress(op).actions`` allows (a forged post of another is refused
@@ -90,7 +90,7 @@ class OperationForm(forms.Form):
 
 
 @admin.register(RequeueOperation)
-class RequeueOperationAdmin(admin.ModelAdmin):
+class RequeueOperationAdmin(SeenByParkedViewers, admin.ModelAdmin):
     """View-only rows; pause, resume and cancel need the requeue permission."""
 
     list_display = (
@@ -139,24 +139,6 @@ class RequeueOperationAdmin(admin.ModelAdmin):
         "skipped",
         "state_changed_by",
     )
-
-    # Operators who may see parked messages may watch their requeues.
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(
-            "django_rmq_retry.view_parkedmessage"
-        ) or super().has_view_permission(request, obj)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_control_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_rmq_retry.requeue_parkedmessage")
