@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from django.db import DatabaseError
@@ -65,6 +65,20 @@ class DeliveryLimit:
         return delivery_digest(
             d.queue,
             d.properties.get("message_id"),
+            d.body,
+            str(headers.get(self.names.header("attempt"))),
+            str(headers.get(self.names.header("requeued"))),
+        )
+
+    def local_key(self, d: Delivery) -> Hashable:
+        """The same identity as :meth:`key` for this process's own bookkeeping (a delivery
+        of a message whose run goes on, ``consumer.overruns``): the parts themselves, with
+        no digest, so the loop's thread hashes nothing per delivery; exact, and never
+        stored."""
+        headers = d.properties.get("headers") or {}
+        return (
+            d.queue,
+            str(d.properties.get("message_id") or ""),
             d.body,
             str(headers.get(self.names.header("attempt"))),
             str(headers.get(self.names.header("requeued"))),

@@ -118,7 +118,7 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         self._limits = limits
         #: Messages whose run goes on: a delivery of one never runs beside it (overruns).
         self._overruns = Overruns(
-            limits.key,
+            limits.local_key,
             int(app_settings.DELIVERY_LIMIT),
             timeouts=str(app_settings.QUEUE_TYPE) == "quorum",
         )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ class Overruns:
     """Every admitted message until its run ends (see the module docstring). Any thread."""
 
     def __init__(
-        self, identity: Callable[[Delivery], str], limit: int, *, timeouts: bool = True
+        self, identity: Callable[[Delivery], Hashable], limit: int, *, timeouts: bool = True
     ) -> None:
         self._identity = identity
         #: Whether a cancel may be a consumer timeout (quorum queues, RabbitMQ 4.3): else
@@ -102,10 +102,10 @@ class Overruns:
         self.timeouts = timeouts
         self.limit = max(1, int(limit))
         self._lock = threading.Lock()
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[Hashable, _Run] = {}
         #: Identities whose run ended, oldest first, until their outcome's frame is sent.
-        self._ended: OrderedDict[str, None] = OrderedDict()
-        self._keys: dict[int, str] = {}  # id(job) of a run -> its identity
+        self._ended: OrderedDict[Hashable, None] = OrderedDict()
+        self._keys: dict[int, Hashable] = {}  # id(job) of a run -> its identity
         self._cancelled: set[str] = set()  # consumer tags the broker cancelled (this channel)
         self._generation = 0
 
