@@ -190,7 +190,7 @@ leg_newest_db() {
 # database-down scenario (what they test is the database's side; the broker only publishes
 # and delivers; the parking suite runs again in the quorum pass). test_quorum_limits runs in
 # the quorum pass only (its poison and give-back tests declare quorum queues in either pass).
-# The quorum pass's SIGKILL scenario runs 2,500 messages and 10 kills (5,000 and 20 on 3.10).
+# The quorum SIGKILL scenarios (test_consumer_killed) run on 4.3's quorum pass, not here too.
 # The broker-restart scenario runs here with quorum queues only: classic queues dead-letter
 # at-most-once inside RabbitMQ, and on 4.0 a retry copy the broker had confirmed vanished in
 # the delay-level hop that was due as the broker shut down (1 of 750 pairs, in one of our
@@ -211,8 +211,7 @@ R4_CLASSIC=(tests/faults/test_process_faults.py tests/faults/test_async_killed.p
   tests/test_adversary_consumer.py tests/test_adversary_decoding.py tests/test_doctor.py)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
-  tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
-  tests/faults/test_consumer_killed.py)
+  tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py)
 every_other() {  # every_other 0|1 ITEM...: the first, third... items (0) or the others (1)
   local i=0 item n="$1"
   shift
@@ -269,7 +268,8 @@ leg_rabbit4_node() {
   return "$rc"
 }
 
-# RabbitMQ 4.3: what it changes for a consumer library, not every suite a third time. The
+# RabbitMQ 4.3: what it changes for a consumer library, not every suite a third time (the
+# classic pass only what 4.3 refuses or cancels; retries and landing run in the quorum pass). The
 # quorum consumer timeout (a basic.cancel, the message delivered again: test_consumer_timeout,
 # marked rabbit43 and run here only), what counts toward a quorum queue's delivery limit
 # (test_quorum_limits, the consumer SIGKILLed), dead-lettering of the retry cascade (retries,
@@ -277,9 +277,9 @@ leg_rabbit4_node() {
 # retry-copy refusals, the frame budget, permissions) and the doctor, then one node restart
 # with quorum queues. Both passes side by side once the node is up ("rabbit43-up"), the
 # restart after them ("rabbit43-node").
-R43_CLASSIC=(tests/test_retries.py tests/test_broker_edges.py tests/test_permissions.py
-  tests/test_landing.py tests/test_publish_refusals.py tests/test_retry_copy_refusals.py
-  tests/test_frame_budget.py tests/test_happy_path.py tests/test_doctor.py)
+R43_CLASSIC=(tests/test_broker_edges.py tests/test_permissions.py
+  tests/test_publish_refusals.py tests/test_retry_copy_refusals.py
+  tests/test_frame_budget.py tests/test_doctor.py)
 R43_QUORUM=(tests/faults/test_quorum_limits.py tests/test_retries.py tests/test_parking.py
   tests/test_landing.py tests/test_consumer_timeout.py tests/faults/test_consumer_killed.py
   tests/test_prefetch_bound.py tests/test_quorum_topology.py tests/test_doctor.py)
