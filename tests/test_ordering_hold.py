@@ -176,6 +176,19 @@ def test_a_settled_outcome_is_acked_without_running() -> None:
     assert action == Ack(kind="held", start_key="start-1")
 
 
+def _retrying_hold(now: Any) -> KeyHold:
+    """Key "k" of receiver "r" held by "m1", whose retry copy is on its way."""
+    return KeyHold.objects.create(
+        receiver="r",
+        key="k",
+        queue="p.r.p00",
+        state="retrying",
+        blocker="m1",
+        since=now,
+        changed_at=now,
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_consumer_publishes_a_release_before_it_records_it(
     monkeypatch: pytest.MonkeyPatch,
@@ -185,15 +198,7 @@ def test_the_consumer_publishes_a_release_before_it_records_it(
     from django_rmq_retry.parking import holds
 
     now = timezone.now()
-    hold = KeyHold.objects.create(
-        receiver="r",
-        key="k",
-        queue="p.r.p00",
-        state="retrying",
-        blocker="m1",
-        since=now,
-        changed_at=now,
-    )
+    hold = _retrying_hold(now)
     rows = [
         HeldMessage.objects.create(hold=hold, message_id=f"m{n}", body=b"{}", held_at=now)
         for n in (2, 3)
@@ -233,15 +238,7 @@ def test_a_copy_ahead_of_its_turn_ends_the_round_before_it(
     from django_rmq_retry.parking import holds
 
     now = timezone.now()
-    hold = KeyHold.objects.create(
-        receiver="r",
-        key="k",
-        queue="p.r.p00",
-        state="retrying",
-        blocker="m1",
-        since=now,
-        changed_at=now,
-    )
+    hold = _retrying_hold(now)
     r3, r4, r5 = (
         HeldMessage.objects.create(hold=hold, message_id=f"m{n}", body=b"{}", held_at=now)
         for n in (3, 4, 5)
