@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import DatabaseError
@@ -61,20 +61,12 @@ class DeliveryLimit:
 
     def key(self, d: Delivery) -> str:
         """The message's identity across redeliveries (its attempt and requeue included)."""
-        headers = d.properties.get("headers") or {}
-        return delivery_digest(
-            d.queue,
-            d.properties.get("message_id"),
-            d.body,
-            str(headers.get(self.names.header("attempt"))),
-            str(headers.get(self.names.header("requeued"))),
-        )
+        return delivery_digest(*self.local_key(d))
 
-    def local_key(self, d: Delivery) -> Hashable:
-        """The same identity as :meth:`key` for this process's own bookkeeping (a delivery
-        of a message whose run goes on, ``consumer.overruns``): the parts themselves, with
-        no digest, so the loop's thread hashes nothing per delivery; exact, and never
-        stored."""
+    def local_key(self, d: Delivery) -> tuple[str, str, bytes, str, str]:
+        """The parts :meth:`key` digests, for this process's own bookkeeping (a delivery of
+        a message whose run goes on, ``consumer.overruns``): used as they are, so the
+        loop's thread hashes nothing per delivery; exact, and never stored."""
         headers = d.properties.get("headers") or {}
         return (
             d.queue,
