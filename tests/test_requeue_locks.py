@@ -30,6 +30,7 @@ from django_rmq_retry.models import (
     RequeueOperation,
 )
 from django_rmq_retry.parking import operations
+from tests.conftest import wait_for
 from tests.test_admin import operator, post_action
 from tests.test_admin_requeue_background import run_until_settled
 from tests.test_operations import handled_ids, park_rows
@@ -221,7 +222,6 @@ def test_a_run_whose_copies_report_nothing_waits_for_its_marks_even_with_a_deadl
     import time
 
     from django_rmq_retry import parking
-    from tests.conftest import wait_for
 
     n = 4
     rows = park_rows(rmq, [{"id": i} for i in range(n)])
@@ -248,3 +248,33 @@ def test_a_run_whose_copies_report_nothing_waits_for_its_marks_even_with_a_deadl
     assert ParkedMessage.objects.filter(status=ParkedStatus.REQUEUED).count() == n
     assert not ParkedClaim.objects.exists()
     assert rmq.depth(rmq.queue("alpha")) == n
+
+
+def test_a_handled_report_never_holds_the_receiver_on_a_locked_row(rmq):
+    """Catches: a handled report written on the receiver's thread (no operations runner in
+    the process) waiting for as long as another transaction holds a row it writes. A step
+    frozen while it settled its batch held a consumer that way, every receiver of it idle.
+    The report is handed to a thread of its own and lands once the lock is gone."""
+    (row,) = park_rows(rmq, [{"id": 0}])
+    op = operations.create(ParkedMessage.objects.all(), user="ops")
+    RequeueItem.objects.filter(operation=op).update(state=ItemState.SENT)
+    RequeueOperation.objects.filter(pk=op.pk).update(sent=1)
+    operation_header = rmq.names.header(operations.HEADER)
+    headers = {  # the copy's headers, as the step sent it: the row's first requeue
+        operation_header: str(op.pk),
+        rmq.names.header("parked-id"): row.pk,
+        rmq.names.header("requeued"): 1,
+    }
+    assert not operations.flusher_running.is_set()
+    locker = Locker(row.pk)  # the report marks that row requeued: it meets the lock
+    returns_while(
+        locker,
+        lambda: operations.report_handled(headers, operation_header, rmq.names.header("parked-id")),
+    )
+    assert wait_for(
+        lambda: RequeueItem.objects.get(operation=op).state == ItemState.HANDLED, timeout=PATIENCE
+    ), "the report was not written once the lock was gone"
+    op.refresh_from_db()
+    assert (op.sent, op.handled) == (1, 1)
+    row.refresh_from_db()
+    assert (row.status, row.requeue_count) == (ParkedStatus.REQUEUED, 1)

@@ -29,6 +29,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..core.backoff import CappedBackoff
+from ..db import locks
 from ..db.threads import start_daemon
 from ..models import (
     ItemState,
@@ -53,6 +54,10 @@ flusher_running = threading.Event()
 _retrier: threading.Thread | None = None
 #: Seconds between two tries of that thread: from a round of the runner's to a few of them.
 RETRY_START, RETRY_CAP = 0.5, 5.0
+#: The longest a report written on a receiver's thread waits for a row another transaction
+#: holds (a step settling its batch, an editor): past it the report is handed to the
+#: retrying thread, and the receiver goes on to its next message.
+REPORT_LOCK_WAIT = 1.0
 
 
 def operation_tag(created_by: str, op_id: int) -> str:
@@ -92,7 +97,7 @@ def report_handled(
         _handled.append(key)
         retrying = _retrier is not None
     if not flusher_running.is_set() and not retrying:
-        flush_handled()
+        flush_handled(lock_wait=REPORT_LOCK_WAIT)
         _retry_what_is_left()
 
 
@@ -117,15 +122,18 @@ def _retry() -> None:
                     _retrier = None
                     return
             time.sleep(backoff.next())
-            flush_handled()
+            flush_handled(lock_wait=REPORT_LOCK_WAIT)
     except BaseException:
         with _handled_lock:
             _retrier = None
         raise
 
 
-def flush_handled() -> int:
-    """Write the handled reports waiting in memory; how many."""
+def flush_handled(*, lock_wait: float | None = None) -> int:
+    """Write the handled reports waiting in memory; how many (0 if the write failed: they
+    wait for the next flush). ``lock_wait`` bounds each wait for a locked row (PostgreSQL;
+    ``None``: as long as it takes), so a thread with other work (a receiver's) is never
+    held by another process's transaction, however long that one lasts."""
     with _handled_lock:
         batch = _handled[:]
         _handled.clear()
@@ -138,9 +146,15 @@ def flush_handled() -> int:
         for op_id, copies in by_op.items():
             ids = sorted(copies)
             for start in range(0, len(ids), CHUNK):
-                _handled_chunk(op_id, {pk: copies[pk] for pk in ids[start : start + CHUNK]})
-    except Exception:
-        logger.warning("could not write %d handled report(s); retrying", len(batch), exc_info=True)
+                with locks.bounded("default", lock_wait):
+                    _handled_chunk(op_id, {pk: copies[pk] for pk in ids[start : start + CHUNK]})
+    except Exception as exc:
+        if locks.timed_out(exc):  # another transaction holds a row: expected, and brief
+            logger.info("%d handled report(s) wait for a locked row; retrying", len(batch))
+        else:
+            logger.warning(
+                "could not write %d handled report(s); retrying", len(batch), exc_info=True
+            )
         with _handled_lock:
             _handled[:0] = batch
         return 0
