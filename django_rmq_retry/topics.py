@@ -16,7 +16,14 @@ from .conf import app_settings
 from .core.backoff import Policy
 from .publishing.per_thread import get_publisher
 from .publishing.publisher import PublishResult, encode_body
-from .registry import Receiver, ReceiverFunc, Registry, TopicKey, default_registry
+from .registry import (
+    OrderingKey,
+    Receiver,
+    ReceiverFunc,
+    Registry,
+    TopicKey,
+    default_registry,
+)
 from .schemas.sending import encode_typed, typed_adapter
 from .schemas.upcasting import HEADER as VERSION_HEADER
 
@@ -177,12 +184,25 @@ class Topic(TopicKey):
         func: ReceiverFunc,
         *,
         queue: str | None = None,
+        ordering_key: OrderingKey | None = None,
         retry: Policy | Mapping[str, Any] | None = None,
         idempotent: bool = False,
         registry: Registry | None = None,
     ) -> ReceiverFunc:
+        """Subscribe ``func`` to this topic: ``@receiver(topic, ...)`` without a decorator,
+        for receivers made at run time (a closure, a function from another module).
+
+        ``ordering_key`` (a body field, or ``callable(message) -> str``) keeps per-key order
+        as it does for ``@receiver`` (docs/howto/ordering.md); connecting the same function
+        again adds this topic to the receiver it already is.
+        """
         (registry if registry is not None else default_registry).register(
-            func, [self], queue=queue, retry=retry, idempotent=idempotent
+            func,
+            [self],
+            queue=queue,
+            ordering_key=ordering_key,
+            retry=retry,
+            idempotent=idempotent,
         )
         return func
 
