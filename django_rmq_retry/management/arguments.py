@@ -149,3 +149,18 @@ def select_receivers(wanted: list[str]) -> list[Receiver]:
             raise CommandError(f"Unknown receiver {name!r}. Known receivers: {known}.")
         chosen.append(rec)
     return chosen
+
+
+def refuse_overlapping_order(receivers: list[Receiver], threads: int) -> None:
+    """Refuse ``rmq_consume`` threads that could run two messages of one key at once, before
+    any process starts: the system check (E031) reads only the ``THREADS`` setting, and the
+    consumer's own refusal would come from each child of ``--processes``, which the
+    supervisor restarts for ever."""
+    ordered = [r.name for r in receivers if r.ordering_key is not None]
+    if ordered and threads > 1:
+        raise CommandError(
+            f"{', '.join(ordered)} keep(s) per-key order (ordering_key=), which one receiver "
+            f"thread per process guarantees; --threads {threads} could run two messages of "
+            "one key at once. Consume ordered receivers with --threads 1 (name the others "
+            "to run them with more threads in another rmq_consume) and scale with --processes."
+        )

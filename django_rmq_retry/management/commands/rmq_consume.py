@@ -25,7 +25,7 @@ from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.db.tables import missing_tables_message, never_migrated
 from django_rmq_retry.hooks import CHILD_DIR_ENV
 from django_rmq_retry.management import orphans
-from django_rmq_retry.management.arguments import select_receivers
+from django_rmq_retry.management.arguments import refuse_overlapping_order, select_receivers
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.stop_signals import on_stop_signals
 from django_rmq_retry.registry import Receiver
@@ -126,6 +126,7 @@ class Command(BaseCommand):
             return
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1.")
+        refuse_overlapping_order(receivers, int(options["threads"] or app_settings.THREADS))
         if options["metrics_port"] is None:
             options["metrics_port"] = app_settings.METRICS_PORT
         if options["health_dir"] is None:
