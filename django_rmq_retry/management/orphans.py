@@ -23,8 +23,9 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from .. import broker
-from ..conf import current_names
+from ..conf import current_names, ordering_partitions
 from ..core.errors import RmqRetryError
+from ..core.topology_plan import receiver_queues
 from ..models import DeclaredQueue
 from ..registry import Receiver, default_registry
 
@@ -39,22 +40,30 @@ class Orphan:
     consumers: int
 
 
+def owned_queues(rec: Receiver, prefix: str) -> list[str]:
+    """The queues ``rec`` is consumed from: its queue, or an ordered receiver's partition
+    queues under the current ``ORDERING_PARTITIONS`` (a receiver made ordered leaves its
+    plain queue behind, and fewer partitions leave the last ones: both fill, unread)."""
+    return receiver_queues(rec, prefix, ordering_partitions())
+
+
 def record(receivers: Iterable[Receiver]) -> None:
     """Remember the receiver queues of ``receivers`` under the current PREFIX as declared."""
     prefix = current_names().prefix
     now = timezone.now()
     for rec in receivers:
-        DeclaredQueue.objects.update_or_create(
-            name=rec.queue_name(prefix),
-            defaults={"prefix": prefix, "receiver": rec.name, "declared_at": now},
-        )
+        for name in owned_queues(rec, prefix):
+            DeclaredQueue.objects.update_or_create(
+                name=name,
+                defaults={"prefix": prefix, "receiver": rec.name, "declared_at": now},
+            )
 
 
 def find(connection: broker.Connection | None = None) -> list[Orphan]:
     """Remembered queues under PREFIX that no registered receiver owns and that still exist
     on the broker. A remembered queue the broker no longer has is forgotten."""
     prefix = current_names().prefix
-    owned = {rec.queue_name(prefix) for rec in default_registry.all()}
+    owned = {name for rec in default_registry.all() for name in owned_queues(rec, prefix)}
     candidates = list(
         DeclaredQueue.objects.filter(prefix=prefix).exclude(name__in=owned).order_by("name")
     )
