@@ -309,24 +309,32 @@ class InMemoryBroker:
         return [m.body for m in self.sent if m.routing_key == key]
 
     def depth(self, queue: str) -> int:
-        """Messages waiting in a queue (a full name, or a receiver's dotted path)."""
-        return self.model.depth(self._queue_name(queue))
+        """Messages waiting in a queue (a full name, or a receiver's dotted path). An ordered
+        receiver's count is the sum over its partition queues (name one for its own)."""
+        return sum(self.model.depth(name) for name in self._queue_names(queue))
 
     def waiting(self) -> Iterator[tuple[str, Stored]]:
         """(queue, message) for every message anywhere, delay levels included."""
         return self.model.messages()
 
     def delete_queue(self, queue: str) -> int:
-        """Delete a queue, as an operator might (a retry due for it then ends orphaned)."""
-        name = self._queue_name(queue)
-        self._by_queue.pop(name, None)
-        return self.model.delete_queue(name)
+        """Delete a queue, as an operator might (a retry due for it then ends orphaned);
+        a receiver's name deletes each of an ordered receiver's partition queues."""
+        deleted = 0
+        for name in self._queue_names(queue):
+            self._by_queue.pop(name, None)
+            deleted += self.model.delete_queue(name)
+        return deleted
 
-    def _queue_name(self, queue: str) -> str:
+    def _queue_names(self, queue: str) -> list[str]:
+        """The queues ``queue`` names: itself if the model has it, else those a receiver
+        (by dotted path or queue name) is consumed from."""
         if queue in self.model.queues:
-            return queue
+            return [queue]
         rec = default_registry.find(queue, self.names.prefix)
-        return rec.queue_name(self.names.prefix) if rec else queue
+        if rec is None:
+            return [queue]
+        return receiver_queues(rec, self.names.prefix, ordering_partitions())
 
     def _sent(self, exchange: str, routing_key: str, body: bytes, props: Mapping[str, Any]) -> bool:
         """Publish into the model, remembering what went to the work exchange."""
