@@ -1,0 +1,1 @@
+"""The tasks of the ``tasks`` benchmark (``bench/tasks.py``), the same for every backend."""
