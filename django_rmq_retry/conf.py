@@ -16,9 +16,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver as django_receiver
 
+from .core.backoff import Policy
 from .core.breaker import Limits
 from .core.delays import DelayLevels
 from .core.names import Names
+from .core.native_retry import QUORUM_NATIVE, native_retry
 from .core.topology_plan import Plan, QueueOwner, plan
 
 SETTING_NAME = "RMQ_RETRY"
@@ -77,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_TIMEOUT": 30,
     # "classic" (default) or "quorum" for every queue we own.
     "QUEUE_TYPE": "classic",
+    # Who holds a retry until it is due: "cascade" (default; our delay levels, any broker) or
+    # "quorum-native" (RabbitMQ 4.3+ quorum queues' own delayed retry, linear backoff only;
+    # docs/howto/retry-policies.md says which policies fit, a system check refuses the rest).
+    "DELAY_ENGINE": "cascade",
     # Delay levels: level k holds messages RESOLUTION_MS * 2**k milliseconds. The longest
     # delay is RESOLUTION_MS * (2**DELAY_LEVELS - 1); defaults: 100 ms steps, ~9.7 days.
     "DELAY_RESOLUTION_MS": 100,
@@ -254,7 +260,23 @@ def current_plan(receivers: Iterable[QueueOwner], names: Names | None = None) ->
         current_levels(),
         str(app_settings.QUEUE_TYPE),
         ordering_partitions(),
+        native_retry=_native_arguments if quorum_native() else None,
     )
+
+
+def quorum_native() -> bool:
+    """Whether retries are given back to quorum queues that hold them (``DELAY_ENGINE``)."""
+    return app_settings.DELAY_ENGINE == QUORUM_NATIVE
+
+
+def code_policy(rec: QueueOwner) -> Policy:
+    """A receiver's retry policy as the code says (its own, else ``RETRY``): what its queue
+    is declared with under the quorum-native engine (a RetryPolicy row cannot redeclare it)."""
+    return getattr(rec, "policy", None) or Policy.from_mapping(app_settings.RETRY)
+
+
+def _native_arguments(rec: QueueOwner) -> dict[str, Any]:
+    return native_retry(code_policy(rec)).arguments()
 
 
 def ordering_partitions() -> int:

@@ -295,6 +295,12 @@ class Consuming:
         with _io():
             self.raw.basic_nack(delivery_tag, requeue=requeue)
 
+    def reject(self, delivery_tag: int) -> None:
+        """``basic.reject(requeue=True)``: unlike a nack, a quorum queue counts it (and its
+        delayed retry holds it)."""
+        with _io():
+            self.raw.basic_reject(delivery_tag, requeue=True)
+
 
 class Channel(Consuming):
     """A channel of a :class:`Connection`: declare, consume, settle (publishing goes through

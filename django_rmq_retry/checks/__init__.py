@@ -26,6 +26,7 @@ from ..core.delays import DelayLevels
 from ..core.topology_plan import QUORUM_DELIVERY_LIMIT, permissions
 from ..db.tables import MIGRATE, unapplied_migrations
 from .base import ID, TAG, Messages, _err
+from .delay_engine import check_delay_engine
 from .features import (
     _alerts,
     _binding_keys,
@@ -98,6 +99,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         *_ordering(),
         *_dependencies(),
         *_binding_keys(),
+        *check_delay_engine(),
     ]
 
 

@@ -34,19 +34,23 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-OPEN, ACK, REQUEUE, DROP, TAKEN_BACK = 0, 1, 2, 3, 4
+OPEN, ACK, REQUEUE, DROP, TAKEN_BACK, REJECT = 0, 1, 2, 3, 4, 5
+#: Settled, its frame not sent yet.
+SETTLED = (ACK, REQUEUE, DROP, REJECT)
 #: Where a taken-back delivery's stand-in is awaited (``AckBook.await_stand_in``).
 AWAITED = -1
 
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One frame to send: ``basic.ack(tag, multiple)`` or ``basic.nack(tag, requeue)``."""
+    """One frame to send: ``basic.ack(tag, multiple)``, ``basic.nack(tag, requeue)`` or
+    (``reject``) ``basic.reject(tag, requeue=True)``."""
 
     tag: int
     nack: bool = False
     multiple: bool = False
     requeue: bool = True
+    reject: bool = False
 
 
 class AckBook:
@@ -97,6 +101,11 @@ class AckBook:
         queue's dead-lettering applies). False as for :meth:`ack`."""
         return self._settle(tag, REQUEUE if requeue else DROP)
 
+    def reject(self, tag: int) -> bool:
+        """Settle ``tag`` with ``basic.reject(requeue=True)``: back to its queue, counted by
+        a quorum queue (whose delayed retry then holds it). False as for :meth:`ack`."""
+        return self._settle(tag, REJECT)
+
     def stand_in(self, taken_back: int, live: int) -> None:
         """The broker took ``taken_back`` back and delivered its message again as ``live``
         (see the module docstring): settling ``taken_back`` settles ``live`` from now on,
@@ -108,11 +117,11 @@ class AckBook:
             return
         outcome = self._awaited.pop(taken_back, None)
         holder = self._instead.get(taken_back, taken_back)
-        if outcome is None and self._state.get(holder) in (ACK, REQUEUE, DROP):
+        if outcome is None and self._state.get(holder) in SETTLED:
             outcome = self._state[holder]
             self._settled.remove(holder)
         for tag in (taken_back, holder):
-            if tag >= 0 and self._state.get(tag) in (OPEN, ACK, REQUEUE, DROP):
+            if tag >= 0 and self._state.get(tag) in (OPEN, *SETTLED):
                 self._state[tag] = TAKEN_BACK
         if outcome is not None and outcome != AWAITED:
             self._instead.pop(taken_back, None)
@@ -129,7 +138,7 @@ class AckBook:
         if holder < 0:
             return  # awaited already
         outcome = self._state.get(holder)
-        if outcome in (ACK, REQUEUE, DROP):
+        if outcome in SETTLED:
             self._settled.remove(holder)
             self._awaited[taken_back] = outcome
         elif outcome != OPEN:
@@ -177,8 +186,10 @@ class AckBook:
         frames: list[Frame] = []
         for tag in self._settled:
             outcome = state[tag]
-            if outcome in (REQUEUE, DROP):
-                frames.append(Frame(tag, nack=True, requeue=outcome == REQUEUE))
+            if outcome in (REQUEUE, DROP, REJECT):
+                frames.append(
+                    Frame(tag, nack=True, requeue=outcome != DROP, reject=outcome == REJECT)
+                )
                 del state[tag]
         order = self._order
         head: int | None = None

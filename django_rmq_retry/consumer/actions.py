@@ -62,6 +62,23 @@ class Release:
 
 
 @dataclass(frozen=True)
+class RetryInPlace(Release):
+    """The quorum-native delay engine's retry (``core.native_retry``): give the delivery
+    back with ``basic.reject(requeue=True)``; its quorum queue counts it and holds it for
+    the policy's delay. Not counted by the delivery limit (the broker counts it), and
+    announced as a retry copy is once the frame is sent."""
+
+    counted: bool = False
+    log_line: str = ""
+    log_extra: dict[str, Any] | None = None
+    signal_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def announce(self) -> None:
+        """Log the retry and send ``message_retried`` (notifier thread, never the I/O one)."""
+        _announce(self.log_line, self.log_extra, self.signal_kwargs)
+
+
+@dataclass(frozen=True)
 class PublishRetry:
     """Publish this copy into the delay path; ack the original once the broker confirmed it."""
 
@@ -83,10 +100,7 @@ class PublishRetry:
         Signal handlers are user code of any speed: the consumer calls this from its
         notifier thread, never from the connection's I/O thread.
         """
-        logger.warning(self.log_line, extra=self.log_extra)
-        for _receiver, result in signals.message_retried.send_robust(**self.signal_kwargs):
-            if isinstance(result, Exception):
-                logger.error("a message_retried signal receiver failed: %r", result)
+        _announce(self.log_line, self.log_extra, self.signal_kwargs)
 
 
 @dataclass(frozen=True)
@@ -109,3 +123,11 @@ class StorePark:
 
 
 Action = Ack | Release | PublishRetry | StorePark
+
+
+def _announce(log_line: str, extra: dict[str, Any] | None, signal_kwargs: dict[str, Any]) -> None:
+    """A retry is on its way: its WARNING line and ``message_retried``."""
+    logger.warning(log_line, extra=extra)
+    for _receiver, result in signals.message_retried.send_robust(**signal_kwargs):
+        if isinstance(result, Exception):
+            logger.error("a message_retried signal receiver failed: %r", result)

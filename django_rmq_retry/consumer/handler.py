@@ -20,11 +20,11 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from .. import hooks as _hooks
-from ..conf import app_settings
+from ..conf import app_settings, quorum_native
 from ..core import history
 from ..core.backoff import Policy
 from ..core.delays import DelayLevels, epoch_us, landing_wait, route
-from ..core.envelope import Envelope, read_incoming, retry_properties
+from ..core.envelope import MAX_ATTEMPT, Envelope, read_incoming, retry_properties
 from ..core.failure import (
     Failure,
     error_summary,
@@ -34,15 +34,17 @@ from ..core.header_budget import too_large_detail
 from ..core.logfields import current_message, fields, message_fields
 from ..core.message import Message
 from ..core.names import Names
+from ..core.native_retry import attempt as native_attempt
 from ..core.outcome import Park, ParkReason, RetryLater, Run, decide, triage
 from ..core.undecodable import without_headers
 from ..parking import operations
 from ..registry import Receiver
 from ..registry.policies import policy_cache
-from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, StorePark
+from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, RetryInPlace, StorePark
 from .delivery_limit import DeliveryLimit
 from .gates import Arrival, Gate, Pipeline
 from .inbox import message_key, run_once
+from .native_retry import retry_in_place
 from .parks import Encoded, Parks, receiver_for_queue
 from .schema_gate import undecodable_as_invalid
 
@@ -103,6 +105,9 @@ class Handler:
         self.gates = Pipeline(names, levels, clock, landing_ms=landing_ms, gates=gates)
         #: Observability (``django_rmq_retry.hooks``); ``None`` when it is off.
         self.hooks = _hooks.current
+        #: The quorum-native delay engine (``consumer.native_retry``): a failed attempt is
+        #: given back to its quorum queue, which holds it; False: the delay levels hold it.
+        self.native_retry = quorum_native()
 
     def wait_before(self, d: Delivery) -> float:
         """Seconds ``d`` must wait before its receiver runs: a retry copy that landed early.
@@ -143,6 +148,8 @@ class Handler:
             return self.parks.park(
                 replace(d, queue=target), receiver_for_queue(target, self.names), env, verdict
             )
+        if self.native_retry:  # the queue counts the failed attempts given back to it
+            env = replace(env, attempt=native_attempt(env.attempt, headers, MAX_ATTEMPT))
         if env.warning:
             logger.warning(
                 "%s: message %s: %s",
@@ -308,8 +315,22 @@ class Handler:
         exc: BaseException,
         start_key: str | None,
         took_ms: float = 0.0,
-    ) -> PublishRetry | StorePark:
+    ) -> PublishRetry | RetryInPlace | StorePark:
         policy = self.policy_for(rec)
+        if self.native_retry:
+            return retry_in_place(
+                self.parks,
+                policy,
+                self.rng,
+                self.error_header_max,
+                d,
+                rec,
+                env,
+                message,
+                exc,
+                start_key,
+                took_ms,
+            )
         decision = decide(
             env.attempt, exc, policy, max_delay=self.levels.max_delay_ms / 1000, rng=self.rng
         )

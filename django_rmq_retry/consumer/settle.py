@@ -22,7 +22,7 @@ from ..core.budget import copy_refused
 from ..core.logfields import attempt_of, fields
 from ..core.names import Names
 from .acks import AckBook
-from .actions import Ack, Delivery, PublishRetry, Release, StorePark
+from .actions import Ack, Delivery, PublishRetry, Release, RetryInPlace, StorePark
 from .delivery_limit import DeliveryLimit
 from .handler import Handler
 from .landing import Landing
@@ -102,6 +102,14 @@ class Settler:
                     self._give_back_later(job, action)  # a gate's: back here after its wait
                     continue
                 self._inflight.pop(delivery.tag, None)
+                if isinstance(action, RetryInPlace):  # its quorum queue holds it: a retry
+                    self._acks.reject(delivery.tag)
+                    settled_keys.append(action.start_key)
+                    self.stats.retried += 1
+                    self._notifier.submit(action.announce)
+                    if self._hooks is not None:
+                        _settled(self._hooks, delivery, "retried")
+                    continue
                 self._acks.nack(delivery.tag, requeue=True)
                 if action.counted:
                     self._limits.note(delivery, action.cause)
@@ -165,7 +173,9 @@ class Settler:
         if not self._acks.pending or self._channel is None or not self._channel.is_open:
             return
         for frame in self._acks.flush():
-            if frame.nack:
+            if frame.reject:
+                self._channel.reject(frame.tag)
+            elif frame.nack:
                 self._channel.nack(frame.tag, requeue=frame.requeue)
             else:
                 self._channel.ack(frame.tag, multiple=frame.multiple)

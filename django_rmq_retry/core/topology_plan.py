@@ -29,7 +29,7 @@ in-memory one, and ``rmq_consume --list`` prints it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -128,7 +128,10 @@ def plan(
     levels: DelayLevels,
     queue_type: str,
     partitions: int = 4,
+    native_retry: Callable[[QueueOwner], dict[str, Any]] | None = None,
 ) -> Plan:
+    """``native_retry``: the quorum-native delay engine's arguments of a receiver's queue
+    (``core.native_retry``; ``None``: the delay levels hold every retry)."""
     exchanges: list[tuple[str, str, dict[str, Any]]] = [
         (names.work_exchange, "topic", {}),
         (names.orphan_exchange, "fanout", {}),
@@ -193,6 +196,8 @@ def plan(
         # A quorum queue takes no x-max-priority (4.0+ has two priorities of its own).
         if max_priority and queue_type != "quorum":
             args["x-max-priority"] = max_priority
+        if native_retry is not None and queue_type == "quorum":
+            args.update(native_retry(rec))
         queues.append(QueueSpec(qname, args, bindings, receiver=rec.name))
     return Plan(exchanges, ex_bindings, queues)
 

@@ -5,6 +5,7 @@ Each check gives lines that are fine (``Finding(ok=True)``) and problems with th
 * **version**: the broker's own (``connection.start``) against the oldest we support and,
   with quorum queues, the dead-letter fixes (``core.broker_rules``);
 * **binding keys**: none with more than two ``#`` (refused from 4.3.5);
+* **delay engine**: with ``DELAY_ENGINE = "quorum-native"``, RabbitMQ 4.3 or later;
 * **deprecated features**: what 4.3 denies by default (transient non-exclusive queues,
   global QoS) is never declared by this code; said once, with what 4.x changed for the
   configured queue type;
@@ -29,9 +30,10 @@ from django.db import DatabaseError
 from .. import broker
 from ..broker import probes
 from ..broker.topology import queue_state
-from ..conf import app_settings, current_names, current_plan
+from ..conf import app_settings, current_names, current_plan, quorum_native
 from ..core.broker_rules import MAX_HASHES, parse_version, too_many_hashes, version_problems
 from ..core.names import Names
+from ..core.native_retry import VERSION_FLOOR
 from ..core.topology_plan import Plan, permissions
 from ..registry import Receiver
 from . import orphans
@@ -65,6 +67,7 @@ def examine(receivers: Iterable[Receiver], roles: Sequence[str]) -> list[Finding
         out = [*_version(version, queue_type, broker.mask_url(conn.url))]
         out += _binding_keys(receivers, the_plan)
         out += _deprecated(version, queue_type)
+        out += _delay_engine(version)
         refusals = _permissions(conn, names, the_plan, roles)
         out += refusals
         may_configure = "setup" in roles and all(f.ok for f in refusals if "setup" in f.what)
@@ -98,6 +101,25 @@ def _binding_keys(receivers: list[Receiver], the_plan: Plan) -> list[Finding]:
         if key in bad
     ]
     return found or [Finding(True, f"{len(keys)} binding key(s), none with more than two '#'")]
+
+
+def _delay_engine(version: str) -> list[Finding]:
+    """With ``DELAY_ENGINE = "quorum-native"``: the broker must have the quorum queues'
+    delayed retry (an older one accepts the arguments and redelivers at once)."""
+    if not quorum_native():
+        return []
+    parsed = parse_version(version)
+    floor = ".".join(map(str, VERSION_FLOOR))
+    if parsed is not None and parsed >= VERSION_FLOOR:
+        return [Finding(True, f"quorum-native delay engine: RabbitMQ {version} >= {floor}")]
+    return [
+        Finding(
+            False,
+            f"DELAY_ENGINE is quorum-native but RabbitMQ {version} is older than {floor} "
+            "(it ignores the delayed-retry arguments: every retry would come back at once)",
+            f'upgrade the broker to {floor} or later, or set DELAY_ENGINE = "cascade"',
+        )
+    ]
 
 
 def _deprecated(version: str, queue_type: str) -> list[Finding]:

@@ -27,7 +27,14 @@ from typing import Any
 from django.db import transaction
 from django.test import TestCase
 
-from ..conf import app_settings, current_levels, current_names, current_plan, ordering_partitions
+from ..conf import (
+    app_settings,
+    code_policy,
+    current_levels,
+    current_names,
+    current_plan,
+    ordering_partitions,
+)
 from ..consumer.actions import (
     Ack,
     Action,
@@ -35,13 +42,16 @@ from ..consumer.actions import (
     PublishHold,
     PublishRetry,
     Release,
+    RetryInPlace,
     StorePark,
 )
 from ..consumer.delivery_limit import DeliveryLimit
 from ..consumer.handler import Handler
 from ..consumer.park_writer import ParkJob, commit
 from ..core.bodies import Undecodable, decode_body
-from ..core.envelope import read_incoming
+from ..core.envelope import MAX_ATTEMPT, read_incoming
+from ..core.native_retry import DELIVERY_COUNT, delivery_count, native_retry
+from ..core.native_retry import attempt as native_attempt
 from ..core.topology_plan import receiver_queues
 from ..outbox import publish_all, rows_written
 from ..publishing.per_thread import install
@@ -269,6 +279,16 @@ class InMemoryBroker:
             job = ParkJob(d, action.request, action.start_key, action.log_line)
             if commit([job], self.names, self._limits.forget)[0]:
                 return "parked"
+        elif isinstance(action, RetryInPlace) and d.receiver is not None:
+            # The quorum-native engine: the queue counts the give-back and holds it.
+            headers = dict(stored.properties.get("headers") or {})
+            headers[DELIVERY_COUNT] = count = delivery_count(headers) + 1
+            stored.properties = {**stored.properties, "headers": headers}
+            wait_ms = native_retry(code_policy(d.receiver)).delay_ms(count)
+            self._limits.forget([action.start_key])
+            self._given_back.append((self.model.now_ms + max(1, wait_ms), d.queue, stored))
+            action.announce()
+            return "retried"
         else:
             assert isinstance(action, Release)
             if not action.counted:  # a gate's give-back: back after its wait, uncounted
@@ -280,16 +300,20 @@ class InMemoryBroker:
         return "released"
 
     def _record(self, d: Delivery, action: Action, outcome: str) -> None:
-        envelope = read_incoming(d.properties.get("headers"), d.exchange, d.routing_key, self.names)
+        headers = d.properties.get("headers")
+        envelope = read_incoming(headers, d.exchange, d.routing_key, self.names)
+        run_attempt = envelope.attempt
+        if self.handler.native_retry:  # the queue counts the attempts given back to it
+            run_attempt = native_attempt(run_attempt, headers or {}, MAX_ATTEMPT)
         delay = None
-        if isinstance(action, PublishRetry) and outcome == "retried":
+        if isinstance(action, PublishRetry | RetryInPlace) and outcome == "retried":
             delay = action.signal_kwargs.get("delay")
         reason = action.request.reason if isinstance(action, StorePark) else None
         self.runs.append(
             ReceiverRun(
                 receiver=d.receiver.name if d.receiver else "",
                 message_id=d.properties.get("message_id"),
-                attempt=envelope.attempt,
+                attempt=run_attempt,
                 outcome=outcome,
                 at=self.elapsed,
                 delay=delay,
