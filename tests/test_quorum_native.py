@@ -6,6 +6,8 @@ The real 4.3 broker's side is ``test_quorum_native_broker.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.conf import settings
 from django.test import override_settings
@@ -203,3 +205,20 @@ def test_the_in_memory_broker_holds_retries_as_the_quorum_queue_does(registry_sn
     (row,) = ParkedMessage.objects.all()
     assert row.receiver == dotted_path(asks_for_another_delay)
     assert "Retry(delay=5) cannot be given" in row.reason_detail
+
+
+def test_a_delivery_past_the_last_attempt_is_parked_unrun():
+    from django_rmq_retry.consumer.native_retry import counted_by_queue, past_last_attempt
+    from django_rmq_retry.core.envelope import read_incoming
+    from django_rmq_retry.core.names import Names
+
+    policy = _policy(max_attempts=3, initial_delay=1)
+    env = read_incoming({}, "x.work", "k", Names("x"))
+    for count, parks in ((0, False), (2, False), (3, True)):
+        headers = {"x-delivery-count": count}
+        at = dataclasses.replace(env, attempt=attempt(1, headers, 100))
+        verdict = past_last_attempt(at, policy, headers)
+        assert (verdict is not None) is parks, (count, verdict)
+        assert counted_by_queue(headers) is (count > 0)
+    assert verdict is not None and verdict.reason.value == "delivery_limit"
+    assert "given back 3 times" in verdict.detail

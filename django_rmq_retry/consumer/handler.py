@@ -44,7 +44,7 @@ from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, RetryInPlace,
 from .delivery_limit import DeliveryLimit
 from .gates import Arrival, Gate, Pipeline
 from .inbox import message_key, run_once
-from .native_retry import retry_in_place
+from .native_retry import counted_by_queue, past_last_attempt, retry_in_place
 from .parks import Encoded, Parks, receiver_for_queue
 from .schema_gate import undecodable_as_invalid
 
@@ -158,11 +158,14 @@ class Handler:
                 env.warning,
                 extra=fields(rec.name, d.queue, d.properties, env.attempt),
             )
+        counted = self.native_retry and counted_by_queue(headers)
         start_key, over_limit = (
             self.limits.check(d, headers)
-            if self.limits is not None and self.limits.applies(d, headers)
+            if self.limits is not None and not counted and self.limits.applies(d, headers)
             else (None, None)
         )
+        if counted:  # the queue's count bounds its give-backs: past the last attempt, park
+            over_limit = past_last_attempt(env, self.policy_for(rec), headers)
         verdict = triage(env, d.body, d.properties, over_limit=over_limit)
         if isinstance(verdict, Park):
             if env.undecodable is not None:

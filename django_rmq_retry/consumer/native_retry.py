@@ -8,6 +8,11 @@ counts it and hands it out again after the policy's delay. Nothing of the messag
 ``x-delivery-count``. Parking after the last attempt is the cascade's (the row is committed
 before the ack).
 
+The queue's count also bounds every other give-back it counts (a crash, a lost connection):
+a delivery it counted is not counted again by the delivery limit's database rows (one write
+per retry, on the path of every retry), it is parked unrun once its attempt is past the
+policy's last (:func:`past_last_attempt`).
+
 A delay the queue cannot give is never swapped silently for the one it gives: a
 ``Retry(delay=...)`` that asks for another delay parks the message, naming why, and a
 RetryPolicy row whose delays differ from the code's (the queue was declared from the code's)
@@ -19,7 +24,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..conf import code_policy
 from ..core.backoff import Policy
@@ -94,6 +100,25 @@ def retry_in_place(
             "delay": delay_ms / 1000,
             "error": exc,
         },
+    )
+
+
+def counted_by_queue(headers: Mapping[str, Any]) -> bool:
+    """Whether the quorum queue counted give-backs of this delivery's message."""
+    return delivery_count(headers) > 0
+
+
+def past_last_attempt(env: Envelope, policy: Policy, headers: Mapping[str, Any]) -> Park | None:
+    """Park before running a delivery whose attempt (the queue's count included) is past the
+    policy's last: only give-backs we did not decide lead there (our last attempt parks), so
+    the receiver or its process died on the way, again and again."""
+    if env.attempt <= policy.max_attempts:
+        return None
+    return Park(
+        ParkReason.DELIVERY_LIMIT,
+        f"given back {delivery_count(headers)} times to its quorum queue, the last ones "
+        f"without an outcome (a crash or a lost connection) after attempt "
+        f"{policy.max_attempts} of {policy.max_attempts}",
     )
 
 
