@@ -29,6 +29,7 @@ from .. import hooks as _hooks
 from ..conf import app_settings, current_levels, current_names, ordering_partitions
 from ..core.budget import channel_lost
 from ..core.errors import AccessRefused, BrokerUnavailable, ConnectionLost, TopologyError
+from ..core.spread import Share
 from ..core.topology_plan import receiver_queues
 from ..registry import Receiver
 from . import aio
@@ -44,6 +45,7 @@ from .park_writer import ParkWriter
 from .pool import CANCELLED, HAND_BACK_SHARE, RUNNING, DaemonPool, HandBack, Job
 from .settle import Settler
 from .spare import SpareWindows
+from .standby import StandbyConsumers
 
 logger = logging.getLogger("django_rmq_retry.consumer")
 
@@ -61,7 +63,7 @@ class Stats:
         return self.handled + self.retried + self.parked
 
 
-class Dispatcher(Settler, Cancels, ChannelConsumers):
+class Dispatcher(Settler, Cancels, ChannelConsumers, StandbyConsumers):
     """Consume the given receivers' queues until stopped (or a bounded run ends).
 
     The part of a consumer every engine shares; an engine adds ``run()`` and the broker
@@ -81,6 +83,7 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         consume_orphans: bool = True,
         shutdown_timeout: float | None = None,
         relay: bool = True,
+        share: Share | None = None,
     ) -> None:
         self.receivers = list(receivers)
         self.names = current_names()
@@ -170,6 +173,7 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         self._by_queue = {
             q: r for r in self.receivers for q in receiver_queues(r, self.names.prefix, partitions)
         }
+        self._init_standby(share, self.receivers, self.names.prefix, partitions)  # ours first
         #: Queues not consumed while a dependency's breaker is open (``depends_on=``).
         self._breakers = DependencyConsumers(self._by_queue, self.prefetch)
         ordered = [r.name for r in self.receivers if r.ordering_key is not None]
@@ -236,6 +240,7 @@ class Dispatcher(Settler, Cancels, ChannelConsumers):
         queues = list(self._by_queue)
         if self.consume_orphans:  # and, with quorum queues, what the broker dead-lettered
             queues.extend(plan.parking_queues)
+        queues = self._first_queues(queues)  # other processes' partitions: later (standby)
         for queue_name in queues:
             if self._breakers.consumes_at_start(queue_name):
                 self._consume(queue_name)

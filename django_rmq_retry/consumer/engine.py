@@ -316,6 +316,7 @@ class Consumer(Dispatcher):
             await self._resume_cancelled()
         if self._breakers and not self._winding_down:
             self._breakers.adjust(self)  # dependencies down or back: stop or resume queues
+        self._consume_standby()  # other processes' partitions, once they took theirs
         self._check_spares()
 
     async def _consume_until_stopped(self) -> None:

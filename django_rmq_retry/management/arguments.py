@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from argparse import ArgumentParser
 from datetime import datetime, timedelta
@@ -14,6 +15,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from ..conf import app_settings
 from ..core.outcome import ParkReason
+from ..core.spread import Share
 from ..models import ParkedMessage
 from ..registry import Receiver, default_registry
 
@@ -164,3 +166,12 @@ def refuse_overlapping_order(receivers: list[Receiver], threads: int) -> None:
             "one key at once. Consume ordered receivers with --threads 1 (name the others "
             "to run them with more threads in another rmq_consume) and scale with --processes."
         )
+
+
+def process_share() -> Share | None:
+    """``rmq_consume``'s place among its peers, from the environment (``core.spread``):
+    which partitions of the ordered receivers it consumes first."""
+    try:
+        return Share.from_environ(os.environ)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None

@@ -17,6 +17,9 @@ before Django starts happens in every child too.
   Children run in their own process group, so a Ctrl-C in a terminal reaches them only
   through the supervisor, and on Linux a child gets SIGTERM if the supervisor itself dies.
 * The supervisor exits when every child has exited: 0 if all of them exited 0.
+* With ``share``, child ``i`` of ``N`` gets its index in the environment
+  (``core.spread.ENV``: ``i/N``, kept across its restarts), so the children subscribe
+  first to different partitions of the ordered receivers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..core.backoff import CappedBackoff
+from ..core.spread import ENV as SHARE_ENV
+from ..core.spread import Share
 from .stop_signals import on_stop_signals
 
 logger = logging.getLogger("django_rmq_retry.management.supervisor")
@@ -162,7 +167,10 @@ class Supervisor:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         before_start: Callable[[], None] | None = None,
+        share: Share | None = None,
     ) -> None:
+        """``share``: the supervisor's own place among hosts (``Share(0, 1)`` alone); each
+        child gets its place within it (``Share.child``). ``None``: no index is given."""
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.command = list(command)
@@ -170,6 +178,7 @@ class Supervisor:
         self.cwd = cwd
         self.slots = [Slot(n) for n in range(1, processes + 1)]
         self.before_start = before_start or _close_database_connections
+        self.share = share
         self._signals: list[int] = []
         self._forwarded = 0
 
@@ -194,9 +203,11 @@ class Supervisor:
     # Children -----------------------------------------------------------------------------
     def _start(self, slot: Slot) -> None:
         self.before_start()
-        slot.proc = subprocess.Popen(
-            self.command, env=self.env, cwd=self.cwd, preexec_fn=_child_setup
-        )
+        env = self.env
+        if self.share is not None:
+            env = dict(os.environ if env is None else env)
+            env[SHARE_ENV] = str(self.share.child(slot.number - 1, len(self.slots)))
+        slot.proc = subprocess.Popen(self.command, env=env, cwd=self.cwd, preexec_fn=_child_setup)
         slot.started_at = time.monotonic()
         slot.restart_at = None
         logger.info(

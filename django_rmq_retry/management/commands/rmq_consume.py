@@ -21,10 +21,11 @@ from django_rmq_retry.conf import (
 )
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
+from django_rmq_retry.core.spread import Share
 from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.db.tables import missing_tables_message, never_migrated
 from django_rmq_retry.hooks import CHILD_DIR_ENV
-from django_rmq_retry.management import orphans
+from django_rmq_retry.management import arguments, orphans
 from django_rmq_retry.management.arguments import refuse_overlapping_order, select_receivers
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.stop_signals import on_stop_signals
@@ -127,6 +128,7 @@ class Command(BaseCommand):
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1.")
         refuse_overlapping_order(receivers, int(options["threads"] or app_settings.THREADS))
+        share = arguments.process_share()  # its place among peers: which partitions first
         if options["metrics_port"] is None:
             options["metrics_port"] = app_settings.METRICS_PORT
         if options["health_dir"] is None:
@@ -143,7 +145,7 @@ class Command(BaseCommand):
                 "stays unacked on the broker (not lost)."
             )
         if options["processes"] > 1:
-            self._supervise(options)
+            self._supervise(options, share)
             return
         observer, server = self._observe(options)
         consumer = Consumer(
@@ -155,6 +157,7 @@ class Command(BaseCommand):
             fail_fast=options["fail_fast"],
             consume_orphans=not options["no_orphans"],
             relay=not options["no_relay"],
+            share=share,
         )
         self._announce(consumer, receivers, options)
         restore = self._install_signal_handlers(consumer, options["verbosity"])
@@ -181,7 +184,7 @@ class Command(BaseCommand):
             )
         )
 
-    def _supervise(self, options: dict[str, Any]) -> None:
+    def _supervise(self, options: dict[str, Any], share: Share | None) -> None:
         from django.conf import settings
 
         from django_rmq_retry.management import supervisor
@@ -213,6 +216,7 @@ class Command(BaseCommand):
             supervisor.consumer_command(args, settings.SETTINGS_MODULE, entry=entry),
             options["processes"],
             env=env,
+            share=share or Share(0, 1),  # each child's index: the partitions it takes first
         )
         server = None
         if directory is not None:

@@ -1,0 +1,152 @@
+"""Ordered partitions spread over ``rmq_consume --processes 2`` (``core.spread``).
+
+Each partition queue has a single active consumer, the first to subscribe, and RabbitMQ
+never rebalances: if every process subscribed to every partition at once, the first one up
+would apply every key and the other would only stand by. With an index (``--processes``
+gives child ``i`` of ``N`` the index ``i/N``), a process subscribes first to its partitions
+(``p % N == i``) and to the others as a standby. Here, with 4 partitions: each child applies
+the keys of two partitions (``p % 2`` apart), both stand by on the rest, and once one is
+SIGKILLed the other applies every partition, per key in publish order.
+
+Who applied a message is the ``pid`` of the test receiver's log line (tests/orderapp).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_rmq_retry.conf import ordering_partitions
+from django_rmq_retry.core.names import Names
+from django_rmq_retry.core.ordering import partition_of
+from django_rmq_retry.core.spread import ENV, STANDBY_GRACE, Share, split
+from django_rmq_retry.management.supervisor import Supervisor
+from django_rmq_retry.registry import default_registry
+from tests.conftest import Child, read_log, start_consumer, wait_for
+
+KEYS = [f"acct-{i:03d}" for i in range(40)]
+CHILD = {"DJANGO_SETTINGS_MODULE": "tests.faults.ordering_settings"}
+
+
+# The rule, without a broker --------------------------------------------------------------
+def test_a_share_takes_every_nth_partition_first() -> None:
+    queues = ["plain", "q.p00", "q.p01", "q.p02", "q.p03", "parked"]
+    parts = {"q.p00": 0, "q.p01": 1, "q.p02": 2, "q.p03": 3}
+    assert split(queues, parts, Share(1, 2)) == (
+        ["plain", "q.p01", "q.p03", "parked"],
+        ["q.p00", "q.p02"],
+    )
+    assert split(queues, parts, None) == (queues, [])  # no index: everything at once
+    assert split(queues, parts, Share(5, 6)) == (["plain", "parked"], [*parts])
+
+
+def test_a_share_reads_from_the_environment_and_splits_over_children() -> None:
+    assert Share.from_environ({}) is None
+    assert Share.from_environ({"DJANGO_RMQ_RETRY_PROCESS": " 1/3 "}) == Share(1, 3)
+    for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
+        with pytest.raises(ValueError, match="i/n"):
+            Share.from_environ({"DJANGO_RMQ_RETRY_PROCESS": bad})
+    # host 1 of 2 running 3 children: its children are processes 3, 4 and 5 of 6
+    assert [Share(1, 2).child(n, 3) for n in range(3)] == [Share(3, 6), Share(4, 6), Share(5, 6)]
+    assert str(Share(0, 1).child(1, 2)) == "1/2"
+
+
+def test_the_supervisor_gives_each_child_its_index(tmp_path: Path) -> None:
+    said = tmp_path / "said"
+    write = f"import os; open({str(said)!r}, 'a').write(os.environ[{ENV!r}] + '\\n')"
+    sup = Supervisor([sys.executable, "-c", write], 2, share=Share(1, 2), before_start=lambda: None)
+    assert sup.run() == 0
+    assert sorted(said.read_text().split()) == ["2/4", "3/4"]
+
+
+# On RabbitMQ ------------------------------------------------------------------------------
+@pytest.fixture
+def orderapp(registry_snapshot: None, rmq: Any) -> Any:
+    """The ordered receiver registered here too: its partition queues are declared, and
+    the publisher sets the partition header."""
+    from tests.orderapp import receivers
+
+    for rec in default_registry.all():
+        if rec.name.startswith(receivers.__name__ + "."):
+            default_registry.unregister(rec.func)
+    module = importlib.reload(receivers)
+    rmq.setup()
+    return module
+
+
+@pytest.fixture
+def supervisor(rmq: Any) -> Iterator[list[Child]]:
+    """``rmq_consume --processes 2``, stopped warm at the end (killed if it lingers)."""
+    started: list[Child] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except Exception:
+                proc.kill()
+        proc.communicate(timeout=10)
+
+
+def _applied(log: Path) -> list[dict[str, Any]]:
+    return [e for e in read_log(log) if e["receiver"] == "apply" and e["event"] == "done"]
+
+
+def _send_round(orderapp: Any, n: int) -> None:
+    orderapp.account_events.send_many([{"account": k, "n": n} for k in KEYS])
+
+
+def _partitions_by_pid(events: list[dict[str, Any]]) -> dict[int, set[int]]:
+    by_pid: dict[int, set[int]] = defaultdict(set)
+    for e in events:
+        by_pid[e["pid"]].add(partition_of(e["key"], 4))
+    return dict(by_pid)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_each_take_two_partitions_and_one_takes_all_after_a_kill(
+    orderapp: Any, rmq: Any, supervisor: list[Child]
+) -> None:
+    assert ordering_partitions() == 4
+    assert {partition_of(k, 4) for k in KEYS} == {0, 1, 2, 3}
+    queue = default_registry.find("apply", rmq.prefix).queue_name(rmq.prefix)
+    partitions = [Names.partition_queue(queue, p) for p in range(4)]
+    supervisor.append(start_consumer(rmq.prefix, rmq.log, "--processes", "2", **CHILD))
+    # both children consume every partition: their own ones, then (after the grace) the
+    # other's as a standby
+    assert wait_for(
+        lambda: all(rmq.consumers(q) == 2 for q in partitions),
+        timeout=60 + STANDBY_GRACE,
+        interval=0.2,
+    ), ({q: rmq.consumers(q) for q in partitions}, supervisor[0].output()[-3000:])
+
+    for n in range(3):
+        _send_round(orderapp, n)
+    assert wait_for(lambda: len(_applied(rmq.log)) == 3 * len(KEYS), timeout=120, interval=0.2)
+    first = _applied(rmq.log)
+    spread = _partitions_by_pid(first)
+    assert sorted(map(sorted, spread.values())) == [[0, 2], [1, 3]], spread
+
+    # SIGKILL one child (the supervisor starts another): its standby peer takes its share
+    victim, survivor = sorted(spread, key=lambda pid: min(spread[pid]))
+    os.kill(victim, signal.SIGKILL)
+    for n in range(3, 6):
+        _send_round(orderapp, n)
+    assert wait_for(lambda: len(_applied(rmq.log)) == 6 * len(KEYS), timeout=120, interval=0.2)
+    after = _applied(rmq.log)[len(first) :]
+    assert _partitions_by_pid(after) == {survivor: {0, 1, 2, 3}}
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for e in _applied(rmq.log):
+        by_key[e["key"]].append(e["n"])
+    assert all(ns == list(range(6)) for ns in by_key.values()), by_key
