@@ -16,9 +16,6 @@ from ..core.native_retry import ENGINES, MAX_ARG_MS, QUORUM_NATIVE, problems
 from ..core.topology_plan import is_ordered
 from .base import Messages, _err
 
-#: The id of every message of this check.
-CHECK = 51
-
 
 def check_delay_engine() -> Messages:
     """``DELAY_ENGINE``'s value, then (quorum-native) the queue type and each receiver."""
@@ -28,7 +25,7 @@ def check_delay_engine() -> Messages:
     if engine not in ENGINES:
         return [
             _err(
-                CHECK,
+                51,
                 f"{SETTING_NAME}['DELAY_ENGINE'] is {engine!r}.",
                 'Set "cascade" (the default) or "quorum-native" (RabbitMQ 4.3+ quorum queues).',
             )
@@ -39,7 +36,7 @@ def check_delay_engine() -> Messages:
     if app_settings.QUEUE_TYPE != "quorum":
         out.append(
             _err(
-                CHECK,
+                51,
                 f'{SETTING_NAME}["DELAY_ENGINE"] is "quorum-native" but QUEUE_TYPE is '
                 f"{app_settings.QUEUE_TYPE!r}: only quorum queues hold retries themselves.",
                 'Set QUEUE_TYPE = "quorum" (new queues: drain and delete the old ones), or '
@@ -50,7 +47,7 @@ def check_delay_engine() -> Messages:
         if is_ordered(rec):
             out.append(
                 _err(
-                    CHECK,
+                    51,
                     f"Receiver {rec.name} keeps per-key order: the quorum-native engine would "
                     "hold its retries in a partition queue while later messages of the key "
                     "go on.",
@@ -62,7 +59,7 @@ def check_delay_engine() -> Messages:
         if why:
             out.append(
                 _err(
-                    CHECK,
+                    51,
                     f"Receiver {rec.name}'s retry policy cannot be held by its quorum queue "
                     f"(linear backoff, no jitter): {'; '.join(why)}.",
                     'Give it a policy with jitter "none" and multiplier 1 (a fixed delay), or '
