@@ -222,3 +222,14 @@ def test_a_delivery_past_the_last_attempt_is_parked_unrun():
         assert counted_by_queue(headers) is (count > 0)
     assert verdict is not None and verdict.reason.value == "delivery_limit"
     assert "given back 3 times" in verdict.detail
+
+
+def test_rmq_doctor_holds_the_engine_to_rabbitmq_4_3():
+    from django_rmq_retry.management.doctor import _delay_engine
+
+    with override_settings(RMQ_RETRY=native_settings()):
+        (old,) = _delay_engine("4.0.5")
+        (new,) = _delay_engine("4.3.6")
+    assert not old.ok and "older than 4.3.0" in old.what and "cascade" in old.fix
+    assert new.ok
+    assert _delay_engine("3.10.8") == []  # the cascade needs no floor of its own
