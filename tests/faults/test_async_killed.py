@@ -1,7 +1,8 @@
 """Scenario 1 with ``async def`` receivers, and with ``django.tasks`` tasks: consumers
 SIGKILLed at random moments while messages flow; restarted after every kill. At the end every
-message is handled or parked after exactly its policy's attempts, every task has a final
-result (or a parked row), and nothing is lost.
+message is handled or parked after exactly its policy's attempts, every task's result is final
+(SUCCESSFUL, or FAILED with its parked row), every run beyond a task's own attempts was on a
+killed consumer, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import socket
 import time
 
-import django
 import pytest
 from django.core.management import call_command
 
 from django_rmq_retry.registry import default_registry
+from django_rmq_retry.registry.task_api import task_api_module
 from tests.conftest import wait_for
 from tests.faults.conftest import Tally, kill, queues_empty, record, settle, spawn, stop
 
@@ -108,7 +110,10 @@ def test_async_receiver_consumer_sigkilled_repeatedly(rmq, procs, aio):
     assert wrong_attempts == []
 
 
-@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django 6.0+")
+@pytest.mark.skipif(
+    task_api_module() is None,
+    reason="Django < 6.0 without the django-tasks backport (pip install django-tasks)",
+)
 def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
     from django_rmq_retry.conf import app_settings
     from django_rmq_retry.core.budget import UNSEEN_CAUSE
@@ -118,16 +123,19 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
     call_command("rmq_consume", setup_only=True, verbosity=0)
     n = int(os.environ.get("FAULTS_TASK_MESSAGES", 600))
     want: dict[str, str] = {}  # result id -> "SUCCESSFUL" | "parked"
+    runs: dict[str, int] = {}  # result id -> the attempts it takes when nothing is killed
     for i in range(n):
         kind = i % 4
         if kind == 0:
-            want[t.add.enqueue(i, i).id] = "SUCCESSFUL"
+            rid, want_runs = t.add.enqueue(i, i).id, 1
         elif kind == 1:
-            want[t.flaky_task.enqueue(succeed_on=2).id] = "SUCCESSFUL"
+            rid, want_runs = t.flaky_task.enqueue(succeed_on=2).id, 2
         elif kind == 2:
-            want[t.async_add.enqueue(i, 1).id] = "SUCCESSFUL"
+            rid, want_runs = t.async_add.enqueue(i, 1).id, 1
         else:
-            want[t.always_fails.enqueue("transient").id] = "parked"
+            rid, want_runs = t.always_fails.enqueue("transient").id, 2
+        want[rid] = "parked" if kind == 3 else "SUCCESSFUL"
+        runs[rid] = want_runs
     names = [
         f"tasks.default.tests.tasksproject.tasks.{f}"
         for f in ("add", "flaky_task", "async_add", "always_fails")
@@ -142,9 +150,11 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
     rng = random.Random(36)
     running = launch()
     procs.append(running)
+    killed: set[str] = set()  # TaskResult.worker_ids of the killed consumers (host:pid)
     for _ in range(kills):
         wait_for(lambda: TaskResultRecord.objects.exclude(status="READY").exists(), 30)
         time.sleep(rng.uniform(0.2, 1.5))
+        killed.add(f"{socket.gethostname()}:{running.pid}")
         kill(running)
         running = launch()
         procs.append(running)
@@ -178,18 +188,36 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
     settled = not missing() and queues_empty(rmq)
     stop(running)
     lost = missing()
+    # Every task terminal: SUCCESSFUL, or FAILED once parked; none left READY or RUNNING.
+    rows = {r.id: r for r in TaskResultRecord.objects.filter(id__in=list(want))}
+    not_final = sorted(
+        f"{rid}: {rows[rid].status if rid in rows else 'no row'}"
+        for rid in want
+        if rid not in rows or rows[rid].status not in ("SUCCESSFUL", "FAILED")
+    )
+    # Every run beyond a task's own attempts explained by a kill: each attempt appends its
+    # worker to worker_ids before the task runs, so a run a kill cut short is a killed id.
+    extra = {rid: len(r.worker_ids) - runs[rid] for rid, r in rows.items() if r.worker_ids}
+    unexplained = sorted(
+        f"{rid}: {rows[rid].worker_ids} for {runs[rid]} attempt(s)"
+        for rid, more in extra.items()
+        if more > sum(1 for w in rows[rid].worker_ids if w in killed)
+    )
     record(
         "1 with django.tasks tasks, SIGKILLed",
         published=n,
         handled=sum(1 for o in want.values() if o == "SUCCESSFUL") - len(lost),
         parked=ParkedMessage.objects.count(),
-        duplicates=0,
+        duplicates=sum(max(0, more) for more in extra.values()),
         lost=len(lost),
         notes=f"{kills} SIGKILLs; sync, flaky, async and failing tasks; "
-        f"{len(parked_by_deaths())} parked by the delivery limit",
+        f"{len(parked_by_deaths())} parked by the delivery limit; duplicates: runs beyond "
+        f"a task's attempts, {len(unexplained)} not on a killed consumer",
     )
     assert lost == []
     assert settled
+    assert not_final == []
+    assert unexplained == []
     wrong = ParkedMessage.objects.exclude(
         message_id__in=[r for r, o in want.items() if o == "parked"]
     ).exclude(message_id__in=parked_by_deaths())
