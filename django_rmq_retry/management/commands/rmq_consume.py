@@ -97,7 +97,8 @@ class Command(BaseCommand):
             default=1,
             help="Run this many consumer processes under a supervisor that restarts any that "
             "dies and forwards SIGTERM/SIGINT (default: 1, no supervisor). --max-messages "
-            "then applies to each process.",
+            "then applies to each process. Child i of N takes the ordered receivers' "
+            "partitions p %% N == i first (it gets DJANGO_RMQ_RETRY_PROCESS=i/N).",
         )
         parser.add_argument(
             "--metrics-port",
