@@ -18,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,8 @@ from typing import Any
 import pytest
 
 from django_rmq_retry.conf import ordering_partitions
+from django_rmq_retry.consumer.dependency_consumers import DependencyConsumers
+from django_rmq_retry.consumer.standby import StandbyConsumers
 from django_rmq_retry.core.names import Names
 from django_rmq_retry.core.ordering import partition_of
 from django_rmq_retry.core.spread import ENV, STANDBY_GRACE, Share, split
@@ -68,19 +72,66 @@ def test_the_supervisor_gives_each_child_its_index(tmp_path: Path) -> None:
     assert sorted(said.read_text().split()) == ["2/4", "3/4"]
 
 
-# On RabbitMQ ------------------------------------------------------------------------------
 @pytest.fixture
-def orderapp(registry_snapshot: None, rmq: Any) -> Any:
-    """The ordered receiver registered here too: its partition queues are declared, and
-    the publisher sets the partition header."""
+def orderapp_registered(registry_snapshot: None) -> Any:
+    """The ordered receiver of tests/orderapp in the registry (reloaded: registered again)."""
     from tests.orderapp import receivers
 
     for rec in default_registry.all():
         if rec.name.startswith(receivers.__name__ + "."):
             default_registry.unregister(rec.func)
-    module = importlib.reload(receivers)
+    return importlib.reload(receivers)
+
+
+class _Channel(StandbyConsumers):
+    """The mixin as the dispatcher holds it, recording what it consumes."""
+
+    def __init__(self, share: Share | None) -> None:
+        rec = next(r for r in default_registry.all() if r.ordering_key is not None)
+        self._init_standby(share, [rec], "pfx", 4)
+        self.queues = [*self._partition_of, "pfx.plain"]
+        self.consumed: list[str] = []
+        self._stop = threading.Event()
+        self._winding_down = False
+        self._breakers = DependencyConsumers({}, 10)
+
+    def _consume(self, queue_name: str) -> None:
+        self.consumed.append(queue_name)
+
+    def tags_of(self, queue: str) -> list[str]:
+        return [queue] if queue in self.consumed else []
+
+
+def test_standbys_wait_for_the_grace_and_a_queue_consumed_meanwhile_is_left(
+    orderapp_registered: None,
+) -> None:
+    channel = _Channel(Share(0, 2))
+    p0, p1, p2, p3 = channel._partition_of
+    before = time.monotonic()
+    assert channel._first_queues(channel.queues) == [p0, p2, "pfx.plain"]
+    assert channel._standby_at >= before + STANDBY_GRACE
+    channel.consumed.append(p3)  # e.g. a breaker resumed it on a tick
+    channel._consume_standby()
+    assert channel.consumed == [p3]  # not yet
+    channel._standby_at = time.monotonic()  # the grace is over
+    channel._consume_standby()
+    channel._consume_standby()  # once
+    assert channel.consumed == [p3, p1]
+    stopping = _Channel(Share(0, 2))
+    stopping._first_queues(stopping.queues)
+    stopping._standby_at = time.monotonic()
+    stopping._stop.set()
+    stopping._consume_standby()
+    assert stopping.consumed == []
+
+
+# On RabbitMQ ------------------------------------------------------------------------------
+@pytest.fixture
+def orderapp(orderapp_registered: Any, rmq: Any) -> Any:
+    """The ordered receiver with its partition queues declared (the publisher sets the
+    partition header)."""
     rmq.setup()
-    return module
+    return orderapp_registered
 
 
 @pytest.fixture
