@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick    # smaller counts and shorter delays
     .venv/bin/python bench/run.py happy delay   # only these scenarios
 
-Scenarios: happy, publishing, retry, delay, parking, requeue, growth, io, tasks, peers. Needs RabbitMQ
+Scenarios: happy, publishing, retry, delay, parking, requeue, growth, io, lateness, tasks, peers. Needs RabbitMQ
 (RMQ_URL) and, for parking/requeue on PostgreSQL, a server at BENCH_PG_URL (an admin URL;
 the run creates and drops its own database). Every run uses a fresh prefix and deletes its
 queues, exchanges, database and files at the end, also when it fails.
@@ -36,6 +36,7 @@ ORDER = [
     "typed",  # a typed receiver's cost per message (msgspec, pydantic, dataclass; no broker)
     "ordering",  # an ordered receiver (ordering_key) with no failures vs the same unordered
     "io",  # 50 ms of I/O per message: threads, async def, and the peers' best pools
+    "lateness",  # RabbitMQ 4.3: retry lateness, cascade vs quorum-native (bench/lateness.py)
     "tasks",  # Django tasks: ours vs django-tasks-db, django-ox, the Celery bridge (bench/tasks.py)
     "peers",  # Dramatiq and Celery (bench/peers); a "skipped" row unless `pip install --group peers`
 ]
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_django(run)
         from bench.io_bound import io
+        from bench.lateness import lateness
         from bench.ordering import ordering
         from bench.peers.scenario import peers
         from bench.scenarios import SCENARIOS
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = {
             **SCENARIOS,
             "io": io,
+            "lateness": lateness,
             "ordering": ordering,
             "peers": peers,
             "tasks": tasks,

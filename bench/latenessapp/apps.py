@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LatenessAppConfig(AppConfig):
+    name = "bench.latenessapp"
+    label = "benchlateness"
