@@ -183,9 +183,10 @@ class Handler:
         run it itself (the async pool then does, with no thread switch): a receiver's
         delivery the delivery limit does not count, with no gate that may use it."""
         rec = d.receiver
-        if rec is None or (
-            self.limits is not None and self.limits.applies(d, d.properties.get("headers") or {})
-        ):
+        headers = d.properties.get("headers") or {}
+        if rec is None or (self.limits is not None and self.limits.applies(d, headers)):
+            return False
+        if self.native_retry and counted_by_queue(headers):  # reads its retry policy
             return False
         return not self.gates.uses_database(rec)
 
