@@ -233,3 +233,42 @@ def test_rmq_doctor_holds_the_engine_to_rabbitmq_4_3():
     assert not old.ok and "older than 4.3.0" in old.what and "cascade" in old.fix
     assert new.ok
     assert _delay_engine("3.10.8") == []  # the cascade needs no floor of its own
+
+
+@pytest.mark.django_db
+def test_a_policy_row_sets_attempts_but_the_queues_delays_stay_and_it_is_said(
+    registry_snapshot, caplog
+):
+    from django_rmq_retry.models import RetryPolicy
+    from django_rmq_retry.registry.policies import policy_cache
+
+    topic = Topic("qn.row")
+
+    @receiver(topic)
+    def always_fails(message, **kwargs):
+        raise TimeoutError("down")
+
+    RetryPolicy.objects.create(
+        receiver=dotted_path(always_fails),
+        max_attempts=4,
+        initial_delay=30,
+        multiplier=3,
+        max_delay=600,
+        jitter="none",
+    )
+    policy_cache.invalidate()
+    try:
+        with override_settings(RMQ_RETRY=native_settings()), InMemoryBroker() as broker:
+            topic.send({"n": 1})
+            runs = broker.run_until_idle()
+    finally:
+        policy_cache.invalidate()
+    # four attempts (the row's), waits of 1 s, 2 s, 2 s (the queue's, from the code's policy)
+    assert [(r.attempt, r.outcome, r.delay) for r in runs] == [
+        (1, "retried", 1.0),
+        (2, "retried", 2.0),
+        (3, "retried", 2.0),
+        (4, "parked", None),
+    ]
+    said = [r for r in caplog.records if "differ from those its quorum queue" in r.getMessage()]
+    assert len(said) == 1
