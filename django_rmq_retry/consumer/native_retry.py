@@ -8,10 +8,10 @@ counts it and hands it out again after the policy's delay. Nothing of the messag
 ``x-delivery-count``. Parking after the last attempt is the cascade's (the row is committed
 before the ack).
 
-The queue's count also bounds every other give-back it counts (a crash, a lost connection):
-a delivery it counted is not counted again by the delivery limit's database rows (one write
-per retry, on the path of every retry), it is parked unrun once its attempt is past the
-policy's last (:func:`past_last_attempt`).
+The queue's count also bounds every other give-back it counts (a crash, a lost connection).
+A delivery it counted is therefore not counted again by the delivery limit's database rows
+(a write per retry, on the path of every retry); instead it is parked unrun once its attempt
+is past the policy's last (:func:`past_last_attempt`).
 
 A delay the queue cannot give is never swapped silently for the one it gives: a
 ``Retry(delay=...)`` that asks for another delay parks the message, naming why, and a
