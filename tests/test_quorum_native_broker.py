@@ -29,18 +29,24 @@ CHILD = {"DJANGO_SETTINGS_MODULE": "tests.quorum_native_settings", "RMQ_QUEUE_TY
 
 
 @pytest.fixture
-def native(rmq):
-    """The test's prefix declared with quorum queues that hold retries, and a consumer of
-    ``alpha`` under that engine."""
+def native_prefix(rmq):
+    """The test's prefix declared with quorum queues that hold retries."""
     with override_settings(RMQ_RETRY={**settings.RMQ_RETRY, "PREFIX": rmq.prefix, **NATIVE}):
         rmq.setup()
-        proc = start_consumer(rmq.prefix, rmq.log, "alpha", **CHILD)
-        rmq.proc = proc
-        try:
-            yield rmq
-        finally:
-            proc.terminate()
-            rmq.out, _ = proc.communicate(timeout=60)
+        yield rmq
+
+
+@pytest.fixture
+def native(native_prefix):
+    """The same, and a consumer of ``alpha`` under that engine."""
+    rmq = native_prefix
+    proc = start_consumer(rmq.prefix, rmq.log, "alpha", **CHILD)
+    rmq.proc = proc
+    try:
+        yield rmq
+    finally:
+        proc.terminate()
+        rmq.out, _ = proc.communicate(timeout=60)
 
 
 def _alpha(rmq, event: str, id_: str) -> list[dict]:
@@ -101,3 +107,29 @@ def test_a_retry_delay_the_queue_cannot_give_parks_and_says_why(native):
     assert row.reason == "non_retryable"
     assert "Retry(delay=7) cannot be given" in row.reason_detail
     assert [s["attempt"] for s in _alpha(native, "start", "asks")] == [1]
+
+
+def test_a_message_that_kills_its_consumer_each_time_is_parked_unrun_after_the_last_attempt(
+    native_prefix,
+):
+    """Each death hands the message back with the connection: the queue counts it as an
+    attempt (and holds it). Past the last attempt it is parked before its receiver runs."""
+    rmq = native_prefix
+    work.send({"id": "killer", "exit": 99, "only": ["alpha"]})
+    for _ in range(6):
+        proc = start_consumer(rmq.prefix, rmq.log, "alpha", RMQ_TEST_ALLOW_EXIT="1", **CHILD)
+        try:
+            wait_for(
+                lambda p=proc: p.popen.poll() is not None or ParkedMessage.objects.exists(), 60
+            )
+        finally:
+            if proc.popen.poll() is None:
+                proc.terminate()
+            proc.communicate(timeout=60)
+        if ParkedMessage.objects.exists():
+            break
+    row = ParkedMessage.objects.get()
+    assert row.reason == "delivery_limit", row.reason_detail
+    assert "given back 3 times" in row.reason_detail
+    assert [s["attempt"] for s in _alpha(rmq, "start", "killer")] == [1, 2, 3]
+    assert wait_for(lambda: rmq.depth(rmq.queue("alpha")) == 0, 30)
