@@ -65,8 +65,8 @@ class Release:
 class RetryInPlace(Release):
     """The quorum-native delay engine's retry (``core.native_retry``): give the delivery
     back with ``basic.reject(requeue=True)``; its quorum queue counts it and holds it for
-    the policy's delay. Not counted by the delivery limit (the broker counts it), and
-    announced as a retry copy is once the frame is sent."""
+    the policy's delay. Not counted by the delivery limit (the broker counts it);
+    announced as a confirmed retry copy is (log line, ``message_retried``) as it settles."""
 
     counted: bool = False
     log_line: str = ""
