@@ -18,13 +18,14 @@
 # the process), every test its own broker prefix, each part its own pytest temporary
 # directory, rabbit4 and cluster have brokers of their own, and the npm packages two legs
 # use are fetched once before they start. What stops or reconfigures a shared service runs
-# once its other users are done (see "The newest leg runs in five parts" below):
+# once its other users are done (see "The newest leg runs in six parts" below):
 #   phase 1   checks (ruff, import layering, migrations, mypy), oldest and oldest-2, newest,
-#             newest-2 and newest-faults, rabbit4, rabbit4-2 and rabbit4-quorum, rabbit43 and
-#             rabbit43-quorum, cluster, release
+#             newest-2, newest-faults and newest-faults-2, rabbit4, rabbit4-2 and
+#             rabbit4-quorum, rabbit43 and rabbit43-quorum, cluster, release
 #   phase 2   rabbit4-node (the 4.0 node stopped or set node-wide) once rabbit4's other parts
-#             are done, rabbit43-node (the 4.3 node restarted) once rabbit43's are, beside what is left of phase 1; then newest-broker (the same for the
-#             system RabbitMQ) once oldest's, newest's, rabbit4's other parts and release are
+#             are done, rabbit43-node (the 4.3 node restarted) once rabbit43's are, beside
+#             what is left of phase 1; then newest-broker (the same for the system RabbitMQ)
+#             once oldest's, newest's, rabbit4's other parts and release are
 #   phase 3   newest-db (PostgreSQL stopped), alone
 # The logs are printed at the end, then each part's time, pass/fail counts, fault tables.
 #
@@ -132,10 +133,11 @@ oldest_half() {
 }
 leg_oldest() { oldest_half 0 "$@"; }
 leg_oldest_2() { oldest_half 1 "$@"; }
-# The newest leg runs in five parts. Side by side with the other legs: "newest" and
-# "newest-2" (the ordinary suite, in halves) and "newest-faults" (the fault injection that
-# disturbs no one else: the consumers it kills are its own, rabbitmqctl touches only its own
-# prefix's policies, users and queues or connections it opened, the TLS node is private).
+# The newest leg runs in six parts. Side by side with the other legs: "newest" and
+# "newest-2" (the ordinary suite, in halves) and "newest-faults" and "newest-faults-2" (the
+# fault injection that disturbs no one else: the consumers it kills are its own, rabbitmqctl
+# touches only its own prefix's policies, users and queues or connections it opened, the TLS
+# node is private).
 # Then, once those, oldest's and rabbit4's parts are done, "newest-broker": what stops the system
 # RabbitMQ (test_broker_faults, the relay's broker restart) or sets it node-wide (a memory
 # alarm that blocks every publisher, a 1 s consumer_timeout that closes every slow consumer's
@@ -151,6 +153,16 @@ not_these() {  # pytest options that leave the given files and tests out
     case "$t" in *::*) echo "--deselect=$t" ;; *) echo "--ignore=$t" ;; esac
   done
 }
+# The broker-facing suites run against RabbitMQ 4.0 and 4.3 on PostgreSQL (below) and against
+# 3.10 in oldest: newest's ordinary parts leave them out. What they exercise is how a broker
+# version behaves, not Python, Django or the database; each still runs on 3.10 (oldest), on
+# PostgreSQL (the 4.x legs) and with the newest pika (the 4.x legs use the dev environment's).
+NEWEST_ELSEWHERE=(tests/test_retries.py tests/test_landing.py tests/test_broker_edges.py
+  tests/test_failover.py tests/contract/test_contract.py tests/test_publish_refusals.py
+  tests/test_retry_copy_refusals.py tests/test_frame_budget.py tests/test_prefetch_bound.py
+  tests/test_broker_url.py tests/test_permissions.py tests/test_adversary_consumer.py
+  tests/test_doctor.py tests/adversarial/test_adversarial.py tests/test_parking.py
+  tests/test_happy_path.py tests/test_quorum_topology.py)
 newest() { DATABASE_URL="$PG_URL" tox_leg newest 3.13 "$@"; }
 newest_half() {
   local files=() n="$1"
@@ -160,17 +172,31 @@ newest_half() {
     newest -m "not browser and not cluster" "$@"
     return
   fi
-  mapfile -t files < <(half newest "$n")
+  mapfile -t files < <(half newest "$n" "${NEWEST_ELSEWHERE[@]}")
   newest -m "not browser and not cluster and not faults" "${files[@]}" "$@"
 }
 leg_newest() { newest_half 0 "$@"; }
 leg_newest_2() { newest_half 1 "$@"; }
-leg_newest_faults() {
-  local skip
+# The fault injection in two parts side by side ("newest-faults", "newest-faults-2"): its
+# scenarios mostly wait (for kills, restarts, settling), so one part alone was the longest
+# of the run. The first takes these files; the second every other fault test.
+NEWEST_FAULTS_1=(tests/faults/test_exactly_once.py tests/faults/test_quorum_limits.py
+  tests/faults/test_operations_killed.py tests/faults/test_security.py
+  tests/faults/test_operations_stall.py tests/faults/test_bad_input.py)
+newest_faults() {  # newest_faults 0|1 PYTEST_ARGS...
+  local skip files=() n="$1"
+  shift
   nothing_if_paths "$@" && return 0
   mapfile -t skip < <(not_these "${NEWEST_BROKER[@]}" "${NEWEST_DB[@]}")
-  newest -m "faults and not cluster" "${skip[@]}" "$@"
+  if [ "$n" = 0 ]; then
+    files=("${NEWEST_FAULTS_1[@]}")
+  else
+    mapfile -t -O "${#skip[@]}" skip < <(not_these "${NEWEST_FAULTS_1[@]}")
+  fi
+  newest -m "faults and not cluster" "${skip[@]}" "${files[@]}" "$@"
 }
+leg_newest_faults() { newest_faults 0 "$@"; }
+leg_newest_faults_2() { newest_faults 1 "$@"; }
 leg_newest_broker() {
   nothing_if_paths "$@" && return 0
   newest -m "not cluster" "${NEWEST_BROKER[@]}" "$@"
@@ -186,9 +212,13 @@ leg_newest_db() {
 # run here with quorum queues), the exactly-once scenarios (their broker restart runs here with
 # quorum queues), test_security (its TLS test runs a private 3.10 node), the adversarial
 # suites with quorum queues (they run with classic ones), and the outbox and
-# idempotent-receiver suites, the parking suite and test_adversary_rows, and the
-# database-down scenario (what they test is the database's side; the broker only publishes
-# and delivers; the parking suite runs again in the quorum pass). test_quorum_limits runs in
+# idempotent-receiver suites (test_outbox, test_outbox_order), the parking suite and
+# test_adversary_rows, and the database-down scenario (what they test is the database's side;
+# the broker only publishes and delivers; the parking suite runs again in the quorum pass);
+# what a consumer does with the bytes and the deliveries it is given, alike on every version
+# (test_happy_path, test_adversary_decoding, the async receivers SIGKILLed), and how our
+# publishers batch and confirm (test_publish_many, test_publish_batches: the refusals, which
+# do differ, stay). test_quorum_limits runs in
 # the quorum pass only (its poison and give-back tests declare quorum queues in either pass).
 # The quorum SIGKILL scenarios (test_consumer_killed) run on 4.3's quorum pass, not here too.
 # The broker-restart scenario runs here with quorum queues only: classic queues dead-letter
@@ -201,14 +231,12 @@ leg_newest_db() {
 # and header bytes it delivers.
 # The classic pass runs in two parts side by side (see "The 4.0 leg runs in parts" below):
 # they take its files in turn, in this order (the slowest few first, so each part gets some).
-R4_CLASSIC=(tests/faults/test_process_faults.py tests/faults/test_async_killed.py
-  tests/adversarial tests/test_headers_bit_for_bit.py tests/test_outbox_order.py
-  tests/test_outbox.py tests/faults/test_bad_input.py tests/test_retries.py tests/test_landing.py
-  tests/test_broker_edges.py tests/test_happy_path.py tests/test_publish_many.py
-  tests/test_failover.py tests/contract tests/test_publish_batches.py
+R4_CLASSIC=(tests/faults/test_process_faults.py tests/adversarial
+  tests/test_headers_bit_for_bit.py tests/faults/test_bad_input.py tests/test_retries.py
+  tests/test_landing.py tests/test_broker_edges.py tests/test_failover.py tests/contract
   tests/test_publish_refusals.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py
-  tests/test_prefetch_bound.py tests/test_broker_url.py tests/test_permissions.py
-  tests/test_adversary_consumer.py tests/test_adversary_decoding.py tests/test_doctor.py)
+  tests/test_prefetch_bound.py tests/test_broker_url.py
+  tests/test_permissions.py tests/test_adversary_consumer.py tests/test_doctor.py)
 R4_QUORUM=(tests/test_retries.py tests/test_landing.py tests/test_parking.py tests/test_broker_edges.py
   tests/test_happy_path.py tests/test_quorum_topology.py tests/faults/test_quorum_limits.py
   tests/test_prefetch_bound.py tests/test_retry_copy_refusals.py tests/test_frame_budget.py)
@@ -481,10 +509,12 @@ if on newest; then
   add_part newest tox-env leg_newest "$(tmp newest)" "$@"
   add_part newest-2 tox-env leg_newest_2 "$(tmp newest-2)" "$@"
   add_part newest-faults tox-env leg_newest_faults "$(tmp newest-faults)" "$@"
+  add_part newest-faults-2 tox-env leg_newest_faults_2 "$(tmp newest-faults-2)" "$@"
   # After rabbit4-node too: its broker restart scenario tolerates what classic queues lose in
   # a dead-letter hop as the broker stops, which grows with the load at that moment (beside
   # rabbit4-node's own restarts and requeues it went past what the test allows).
-  add_part newest-broker "oldest oldest-2 newest newest-2 newest-faults rabbit4-node release" \
+  add_part newest-broker \
+    "oldest oldest-2 newest newest-2 newest-faults newest-faults-2 rabbit4-node release" \
     leg_newest_broker "$(tmp newest-broker)" "$@"
   add_part newest-db ALL leg_newest_db "$(tmp newest-db)" "$@"
 fi
