@@ -92,6 +92,8 @@ elif BACKEND == "celery":
     CELERY_TASK_DEFAULT_QUEUE = f"{PREFIX}.tasks.celery"
     CELERY_IMPORTS = ["bench.tasksapp.tasks"]
     CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+    # No remote control: its exchanges are not the run's to clean up, and not on the path.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 else:
     raise ValueError(f"BENCH_TASKS_BACKEND: unknown backend {BACKEND!r}")
 
