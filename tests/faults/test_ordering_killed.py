@@ -93,7 +93,10 @@ def test_order_per_key_holds_through_retries_and_kills(
     rng = random.Random(45)
     keys = [f"acct-{i:03d}" for i in range(KEYS)]
     failing = {(k, n) for k in keys for n in range(EVENTS) if rng.random() < FAIL_SHARE}
-    consumers = [spawn(rmq, **CHILD) for _ in range(3)]
+    # Each its place among the three (as three hosts would be told): each applies its share
+    # of the partitions and stands by for the others.
+    place = [{"DJANGO_RMQ_RETRY_PROCESS": f"{i}/3"} for i in range(3)]
+    consumers = [spawn(rmq, **CHILD, **place[i]) for i in range(3)]
     procs.extend(consumers)
     for n in range(EVENTS):  # one send_many per round: each key's events in publish order
         orderapp.account_events.send_many(
@@ -115,7 +118,7 @@ def test_order_per_key_holds_through_retries_and_kills(
         busy = {e["pid"] for e in _done(read_log(rmq.log))[-20:]}
         victim = next((i for i, p in enumerate(consumers) if p.pid in busy), 0)
         kill(consumers[victim])
-        consumers[victim] = spawn(rmq, **CHILD)
+        consumers[victim] = spawn(rmq, **CHILD, **place[victim])
         procs.append(consumers[victim])
     settled = wait_for(
         lambda: applied() == total and not KeyHold.objects.exists() and queues_empty(rmq),
