@@ -310,7 +310,8 @@ R43_CLASSIC=(tests/test_broker_edges.py tests/test_permissions.py
   tests/test_frame_budget.py tests/test_doctor.py)
 R43_QUORUM=(tests/faults/test_quorum_limits.py tests/test_retries.py tests/test_parking.py
   tests/test_landing.py tests/test_consumer_timeout.py tests/faults/test_consumer_killed.py
-  tests/test_prefetch_bound.py tests/test_quorum_topology.py tests/test_doctor.py)
+  tests/test_prefetch_bound.py tests/test_quorum_topology.py tests/test_doctor.py
+  tests/test_quorum_native_broker.py)
 R43_NODE_QUORUM=(tests/faults/test_broker_faults.py::test_broker_restart_mid_run)
 r43() (  # r43 PASS PYTEST_ARGS...: pytest against the 4.3 node (as r4 does for 4.0)
   local pass="$1" env
