@@ -349,6 +349,11 @@ leg_cluster() {
   local rc=0
   RMQ_URL="amqp://guest:guest@127.0.0.1:5701/%2F" RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" \
     "$PY" -m pytest -m cluster tests/faults/test_cluster.py "$@" || rc=$?
+  # The doctor on a cluster: what it reads (version, permissions, arguments, orphans) is
+  # asked of one node and must hold for the cluster.
+  RMQ_URL="amqp://guest:guest@127.0.0.1:5701/%2F" RMQ_QUEUE_TYPE=quorum DATABASE_URL="$PG_URL" \
+    RMQ_CTL="bash $ROOT/scripts/brokers.sh cluster ctl 1" \
+    "$PY" -m pytest -m "not cluster" tests/test_doctor.py "$@" || rc=$?
   bash scripts/brokers.sh cluster down
   return "$rc"
 }
