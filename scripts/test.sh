@@ -301,7 +301,8 @@ leg_rabbit4_node() {
 # quorum consumer timeout (a basic.cancel, the message delivered again: test_consumer_timeout,
 # marked rabbit43 and run here only), what counts toward a quorum queue's delivery limit
 # (test_quorum_limits, the consumer SIGKILLed), dead-lettering of the retry cascade (retries,
-# landing, parking), cancels and reconnects (test_broker_edges), what it refuses (publish and
+# landing, parking), its quorum-native delayed retry (DELAY_ENGINE, the second delay engine),
+# cancels and reconnects (test_broker_edges), what it refuses (publish and
 # retry-copy refusals, the frame budget, permissions) and the doctor, then one node restart
 # with quorum queues. Both passes side by side once the node is up ("rabbit43-up"), the
 # restart after them ("rabbit43-node").
