@@ -2,12 +2,17 @@
 
 Rows are written only by a backend with results on. Each write is one short statement in
 autocommit (or in the caller's transaction at enqueue, so an outbox-sent task and its row
-commit together). Retention: a worker deletes rows untouched for longer than the
-backend's retention at most once a minute.
+commit together). An attempt's start and end are one ``UPDATE`` each on PostgreSQL and
+SQLite (the JSON lists appended to by the database, the start's row read back through
+``RETURNING``): the task thread spends most of its time on these writes, and each extra
+statement is a round trip and each extra commit a flush. Other databases read, change and
+save the row. Retention: a worker deletes rows untouched for longer than the backend's
+retention at most once a minute.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +20,8 @@ from datetime import datetime, timedelta
 from traceback import format_exception
 from typing import Any
 
-from django.db import router
+from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from ..models import TaskResultRecord
@@ -84,7 +90,7 @@ def not_sent(result_id: str, exc: BaseException) -> None:
 
 def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> TaskResultRecord:
     """Read, change and save one row (created if a retention sweep, or a backend with
-    results off at enqueue, left none).
+    results off at enqueue, left none), on a database that cannot append in SQL.
 
     No transaction and no row lock: one task's row is written by one attempt at a time
     (a message is with one receiver at a time), so a read then a write cannot interleave
@@ -111,12 +117,106 @@ def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> Tas
     return record
 
 
+def _appends_in_sql(connection: BaseDatabaseWrapper) -> bool:
+    """Whether this database appends to a JSON list in an ``UPDATE`` and returns the row
+    from it (PostgreSQL; SQLite from 3.35, the release that brought ``RETURNING``)."""
+    return connection.vendor in ("postgresql", "sqlite") and bool(
+        connection.features.can_return_columns_from_insert
+    )
+
+
+def _append(connection: BaseDatabaseWrapper, column: str) -> str:
+    """SQL for ``column`` (a JSON list) with one item appended, the item's JSON text as
+    the one parameter: ``jsonb ||`` on PostgreSQL, ``json_insert`` at ``$[#]`` (the end of
+    the array) on SQLite, where a JSON column is text."""
+    col = _column(connection, column)
+    if connection.vendor == "postgresql":
+        return f"{col} = {col} || jsonb_build_array(%s::jsonb)"
+    return f"{col} = json_insert({col}, '$[#]', json(%s))"
+
+
+def _field(name: str) -> Any:
+    return TaskResultRecord._meta.get_field(name)
+
+
+def _column(connection: BaseDatabaseWrapper, name: str) -> str:
+    """The quoted column of the field ``name``."""
+    return str(connection.ops.quote_name(_field(name).column))
+
+
+def _datetime(value: datetime, connection: BaseDatabaseWrapper) -> Any:
+    return _field("updated_at").get_db_prep_value(value, connection)
+
+
+def _created(msg: TaskMessage, db: str, **values: Any) -> TaskResultRecord:
+    """The row of a task that has none (a retention sweep, or a backend with results off
+    at enqueue, left none), saved with ``values``."""
+    record = TaskResultRecord(
+        id=msg.result_id,
+        backend=msg.backend,
+        task_path=msg.task_path,
+        queue_name=msg.queue_name,
+        priority=msg.priority,
+        args=msg.args,
+        kwargs=msg.kwargs,
+        run_after=msg.run_after,
+        enqueued_at=msg.enqueued_at,
+        **values,
+    )
+    record.save(using=db)
+    return record
+
+
 def started(msg: TaskMessage, worker_id: str, at: datetime) -> TaskResultRecord | None:
-    """An attempt starts: RUNNING (``None``: the task was cancelled, it must not run).
+    """An attempt starts: RUNNING, the row as it now is (``None``: the task was cancelled,
+    it must not run).
 
     The claim is one conditional ``UPDATE`` (not CANCELLED -> RUNNING) and a cancel is one
-    (READY or FAILED -> CANCELLED), so exactly one of the two wins a race."""
-    rows = TaskResultRecord.objects.using(database()).filter(id=msg.result_id)
+    (READY or FAILED -> CANCELLED): the database runs the two one after the other on the
+    row (a row lock, or SQLite's one writer) and each tests the status the other left, so
+    exactly one of the two wins a race. Where the claim also sets the start's columns and
+    returns the row, that one statement is the whole write; a ``SELECT`` follows only when
+    it changed nothing, to tell a cancelled task from a task without a row (created)."""
+    db = database()
+    connection = connections[db]
+    if not _appends_in_sql(connection):
+        return _started_in_python(msg, worker_id, at, db)
+    q = connection.ops.quote_name
+
+    def c(name: str) -> str:
+        return _column(connection, name)
+
+    at_db = _datetime(at, connection)
+    sql = (
+        f"UPDATE {q(TaskResultRecord._meta.db_table)} SET {c('status')} = %s, "
+        f"{c('started_at')} = COALESCE({c('started_at')}, %s), "
+        f"{c('last_attempted_at')} = %s, {c('updated_at')} = %s, "
+        f"{_append(connection, 'worker_ids')} "
+        f"WHERE {c('id')} = %s AND {c('status')} <> %s RETURNING *"
+    )
+    params = [str(RUNNING), at_db, at_db, at_db, json.dumps(worker_id), msg.result_id, CANCELLED]
+    claimed = list(TaskResultRecord.objects.using(db).raw(sql, params))
+    if claimed:
+        return claimed[0]
+    if TaskResultRecord.objects.using(db).filter(id=msg.result_id).exists():
+        return None
+    return _created(
+        msg,
+        db,
+        status=RUNNING,
+        started_at=at,
+        last_attempted_at=at,
+        worker_ids=[worker_id],
+        updated_at=at,
+    )
+
+
+def _started_in_python(
+    msg: TaskMessage, worker_id: str, at: datetime, db: str
+) -> TaskResultRecord | None:
+    """``started`` where the database cannot append in SQL: the same claim, then the row
+    read, changed and saved."""
+    rows = TaskResultRecord.objects.using(db).filter(id=msg.result_id)
     if not rows.exclude(status=CANCELLED).update(status=RUNNING, updated_at=at) and rows.exists():
         return None
 
@@ -136,8 +236,61 @@ def finished(
     *,
     return_value: Any = None,
     error: TaskError | None = None,
-) -> TaskResultRecord:
-    """An attempt ended: ``status`` READY (a retry follows), SUCCESSFUL or FAILED."""
+) -> None:
+    """An attempt ended: ``status`` READY (a retry follows), SUCCESSFUL or FAILED. One
+    ``UPDATE`` where the database appends the error itself; a row is created only if it
+    has none."""
+    entry = (
+        None
+        if error is None
+        else {"exception_class_path": error.exception_class_path, "traceback": error.traceback}
+    )
+    db = database()
+    connection = connections[db]
+    if not _appends_in_sql(connection):
+        _finished_in_python(msg, status, at, return_value, entry)
+        return
+    q = connection.ops.quote_name
+
+    def c(name: str) -> str:
+        return _column(connection, name)
+
+    at_db = _datetime(at, connection)
+    sets = [f"{c('status')} = %s", f"{c('updated_at')} = %s"]
+    params: list[Any] = [str(status), at_db]
+    if status != READY:
+        sets.append(f"{c('finished_at')} = %s")
+        params.append(at_db)
+    if status == SUCCESSFUL:
+        sets.append(f"{c('return_value')} = %s")
+        params.append(_field("return_value").get_db_prep_save(return_value, connection))
+    if entry is not None:
+        sets.append(_append(connection, "errors"))
+        params.append(json.dumps(entry))
+    sql = f"UPDATE {q(TaskResultRecord._meta.db_table)} SET {', '.join(sets)} WHERE {c('id')} = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, msg.result_id])
+        if cursor.rowcount:
+            return
+    _created(
+        msg,
+        db,
+        status=status,
+        finished_at=None if status == READY else at,
+        return_value=return_value if status == SUCCESSFUL else None,
+        errors=[] if entry is None else [entry],
+        updated_at=at,
+    )
+
+
+def _finished_in_python(
+    msg: TaskMessage,
+    status: TaskResultStatus,
+    at: datetime,
+    return_value: Any,
+    entry: dict[str, str] | None,
+) -> None:
+    """``finished`` where the database cannot append in SQL: read, change, save."""
 
     def change(r: TaskResultRecord) -> None:
         r.status = status
@@ -145,16 +298,10 @@ def finished(
             r.finished_at = at
         if status == SUCCESSFUL:
             r.return_value = return_value
-        if error is not None:
-            r.errors = [
-                *r.errors,
-                {
-                    "exception_class_path": error.exception_class_path,
-                    "traceback": error.traceback,
-                },
-            ]
+        if entry is not None:
+            r.errors = [*r.errors, entry]
 
-    return _update(msg, change)
+    _update(msg, change)
 
 
 def parked(result_id: str, at: datetime) -> bool:

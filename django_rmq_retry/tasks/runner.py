@@ -87,7 +87,9 @@ class TaskRunner:
         loaded = self.load(message)
         if loaded is not None:
             backend, task, msg = loaded
-            time.sleep(still_to_wait(msg))
+            wait = still_to_wait(msg)
+            if wait:  # no sleep(0): it only hands the GIL round, and the database calls do
+                time.sleep(wait)
             run(backend, task, msg, message.attempt, receiver)
 
     def load(self, message: Message) -> tuple[Any, Task, TaskMessage] | None:
