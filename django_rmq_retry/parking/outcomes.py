@@ -149,8 +149,12 @@ def flush_handled(*, lock_wait: float | None = None) -> int:
                 with locks.bounded("default", lock_wait):
                     _handled_chunk(op_id, {pk: copies[pk] for pk in ids[start : start + CHUNK]})
     except Exception as exc:
-        if locks.timed_out(exc):  # another transaction holds a row: expected, and brief
-            logger.info("%d handled report(s) wait for a locked row; retrying", len(batch))
+        if locks.timed_out(exc):  # another transaction holds a row: no traceback to show
+            logger.warning(
+                "could not write %d handled report(s): a row they change is locked by "
+                "another transaction; retrying",
+                len(batch),
+            )
         else:
             logger.warning(
                 "could not write %d handled report(s); retrying", len(batch), exc_info=True
