@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -428,6 +429,14 @@ def subprocess_env(prefix: str, log: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """In a child, before it runs: SIGINT's default action, as a command started from a
+    terminal has it. A test run started in the background (``nohup``, ``cmd &`` in a script,
+    as CI runners do) has SIGINT ignored, its children inherit that, and Python then never
+    raises ``KeyboardInterrupt``: a test's Ctrl-C of ``rmq_requeue`` would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Child:
     """A ``manage.py rmq_consume`` child whose output goes to a file, never to a pipe.
 
@@ -439,7 +448,13 @@ class Child:
         self.out_path = out_path
         self._out = open(out_path, "w")  # noqa: SIM115 - closed in communicate()
         self.popen = subprocess.Popen(
-            args, cwd=str(ROOT), env=env, stdout=self._out, stderr=subprocess.STDOUT, text=True
+            args,
+            cwd=str(ROOT),
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=_sigint_as_from_a_terminal,
         )
         self.pid = self.popen.pid
 

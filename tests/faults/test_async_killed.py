@@ -28,6 +28,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
+#: The most runs one SIGKILL can add to a task's own attempts (see the tasks scenario).
+DUPLICATES_PER_KILL = 2
+
 
 @pytest.fixture
 def aio(registry_snapshot):
@@ -197,11 +200,15 @@ def test_tasks_consumer_sigkilled_repeatedly(rmq, procs):
     )
     # Every run beyond a task's own attempts explained by a kill: each attempt appends its
     # worker to worker_ids before the task runs, so a run a kill cut short is a killed id.
+    # One kill explains at most two: the run it cut short, and, when it came between the
+    # broker's confirm of a failed attempt's retry copy and the ack of the delivery (at
+    # least once: never ack before what replaces it is confirmed), that delivery's run again
+    # on the next consumer, whose failure sends a second copy: the next attempt runs twice.
     extra = {rid: len(r.worker_ids) - runs[rid] for rid, r in rows.items() if r.worker_ids}
     unexplained = sorted(
         f"{rid}: {rows[rid].worker_ids} for {runs[rid]} attempt(s)"
         for rid, more in extra.items()
-        if more > sum(1 for w in rows[rid].worker_ids if w in killed)
+        if more > DUPLICATES_PER_KILL * sum(1 for w in rows[rid].worker_ids if w in killed)
     )
     record(
         "1 with django.tasks tasks, SIGKILLed",
