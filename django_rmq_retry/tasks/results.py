@@ -100,17 +100,7 @@ def _update(msg: TaskMessage, change: Callable[[TaskResultRecord], None]) -> Tas
     db = router.db_for_write(TaskResultRecord)
     record = TaskResultRecord.objects.using(db).filter(id=msg.result_id).first()
     if record is None:
-        record = TaskResultRecord(
-            id=msg.result_id,
-            backend=msg.backend,
-            task_path=msg.task_path,
-            queue_name=msg.queue_name,
-            priority=msg.priority,
-            args=msg.args,
-            kwargs=msg.kwargs,
-            run_after=msg.run_after,
-            enqueued_at=msg.enqueued_at,
-        )
+        record = _fresh(msg)
     change(record)
     record.updated_at = timezone.now()
     record.save(using=db)
@@ -148,10 +138,10 @@ def _datetime(value: datetime, connection: BaseDatabaseWrapper) -> Any:
     return _field("updated_at").get_db_prep_value(value, connection)
 
 
-def _created(msg: TaskMessage, db: str, **values: Any) -> TaskResultRecord:
-    """The row of a task that has none (a retention sweep, or a backend with results off
-    at enqueue, left none), saved with ``values``."""
-    record = TaskResultRecord(
+def _fresh(msg: TaskMessage, **values: Any) -> TaskResultRecord:
+    """A row for a task that has none (a retention sweep, or a backend with results off at
+    enqueue, left none), from what its message says, with ``values``; not saved."""
+    return TaskResultRecord(
         id=msg.result_id,
         backend=msg.backend,
         task_path=msg.task_path,
@@ -163,6 +153,11 @@ def _created(msg: TaskMessage, db: str, **values: Any) -> TaskResultRecord:
         enqueued_at=msg.enqueued_at,
         **values,
     )
+
+
+def _created(msg: TaskMessage, db: str, **values: Any) -> TaskResultRecord:
+    """:func:`_fresh`, saved."""
+    record = _fresh(msg, **values)
     record.save(using=db)
     return record
 
