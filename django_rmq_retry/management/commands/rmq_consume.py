@@ -15,17 +15,15 @@ from django_rmq_retry import broker
 from django_rmq_retry.conf import (
     app_settings,
     broker_urls,
-    current_levels,
     current_names,
     current_plan,
 )
 from django_rmq_retry.consumer import Consumer
 from django_rmq_retry.core.errors import BrokerUnavailable, TopologyError
 from django_rmq_retry.core.spread import Share
-from django_rmq_retry.core.topology_plan import QUORUM_DELIVERY_LIMIT
 from django_rmq_retry.db.tables import missing_tables_message, never_migrated
 from django_rmq_retry.hooks import CHILD_DIR_ENV
-from django_rmq_retry.management import arguments, orphans
+from django_rmq_retry.management import arguments, listing, orphans
 from django_rmq_retry.management.arguments import refuse_overlapping_order, select_receivers
 from django_rmq_retry.management.helptext import from_setting
 from django_rmq_retry.management.stop_signals import on_stop_signals
@@ -116,7 +114,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         receivers = select_receivers(options["receivers"])
         if options["list"]:
-            self._list(receivers)
+            listing.write(self.stdout, self.style, receivers)
             return
         if not receivers and not options["setup_only"]:
             raise CommandError(
@@ -366,59 +364,6 @@ class Command(BaseCommand):
             self.style.SUCCESS(f"Topology declared for {len(receivers)} receiver(s).")
         )
 
-    def _list(self, receivers: list[Receiver]) -> None:
-        names = current_names()
-        levels = current_levels()
-        out = self.stdout
-        out.write(f"Broker:        {', '.join(broker.mask_url(u) for u in broker_urls())}")
-        out.write(f"Work exchange: {names.work_exchange} (topic)")
-        out.write(f"Queue type:    {app_settings.QUEUE_TYPE}")
-        out.write("")
-        if not receivers:
-            out.write("No receivers registered.")
-        for rec in receivers:
-            policy = policy_cache.for_receiver(rec)  # database row > code > settings
-            out.write(self.style.MIGRATE_HEADING(rec.name))
-            out.write(f"  queue:    {rec.queue_name(names.prefix)}")
-            out.write(
-                f"  bindings: {', '.join(rec.routing_keys)} on {names.work_exchange}; "
-                f"{names.target_header}={rec.queue_name(names.prefix)} on {names.deliver_exchange}"
-            )
-            out.write(f"  retry:    {policy.max_attempts} attempts, {_delays(policy)}")
-        out.write("")
-        out.write(self.style.MIGRATE_HEADING("Retry topology"))
-        out.write(
-            f"  {levels.levels} delay levels, resolution {levels.resolution_ms} ms, longest "
-            f"delay {levels.max_delay_ms / 1000:,.1f}s ({levels.max_delay_ms / 86_400_000:.1f} days)"
-        )
-        for k in reversed(range(levels.levels)):
-            nxt = names.delay_exchange(k - 1) if k else names.deliver_exchange
-            out.write(f"  {names.delay_queue(k)}: TTL {levels.ttl_ms(k) / 1000:g}s → {nxt}")
-        out.write(
-            f"  {names.deliver_exchange} (headers on {names.target_header}) → receiver queue; "
-            f"unroutable → {names.orphan_exchange} → {names.orphan_queue} (parked)"
-        )
-        if app_settings.QUEUE_TYPE == "quorum":
-            out.write(
-                f"  quorum queues: given back over {QUORUM_DELIVERY_LIMIT} times → "
-                f"{names.dead_exchange} → {names.dead_queue} (parked as delivery_limit)"
-            )
-        self._list_orphans()
-
-    def _list_orphans(self) -> None:
-        """Queues this project declared that no receiver owns (``rmq_orphans``)."""
-        out = self.stdout
-        try:
-            found = orphans.find()
-        except (BrokerUnavailable, TopologyError, DatabaseError) as exc:
-            out.write(f"\nOrphan queues: not checked ({exc})")
-            return
-        if found:
-            out.write("")
-            out.write(self.style.WARNING("Orphan queues (no receiver owns them; rmq_orphans)"))
-            for orphan in found:
-                out.write(f"  {orphans.describe(orphan)}")
-
     def _announce(
         self, consumer: Consumer, receivers: list[Receiver], options: dict[str, Any]
     ) -> None:
@@ -465,22 +410,6 @@ class Command(BaseCommand):
                 os._exit(128 + signum)
 
         return on_stop_signals(handler)
-
-
-#: What each jitter does to the capped delay of ``Policy.schedule()`` (core/backoff.py).
-JITTER_TEXT = {
-    "full": "full jitter: each a random time between 0 and that",
-    "equal": "equal jitter: each a random time between half of that and that",
-}
-
-
-def _delays(policy: Any) -> str:
-    """The retry delays as ``--list`` shows them: with jitter, the caps ("up to")."""
-    sched = ", ".join(f"{d:g}s" for d in policy.schedule())
-    if not sched:
-        return "no retry"
-    jitter = JITTER_TEXT.get(policy.jitter)
-    return f"delays up to {sched} ({jitter})" if jitter else f"delays {sched} (no jitter)"
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
