@@ -125,6 +125,20 @@ class StorePark:
 Action = Ack | Release | PublishRetry | StorePark
 
 
+def retried_kwargs(
+    receiver_name: str, message: Any, attempt: int, delay_s: float, error: BaseException
+) -> dict[str, Any]:
+    """``message_retried``'s arguments, as every kind of retry sends them (a copy into the
+    delay levels, a give-back its quorum queue holds)."""
+    return {
+        "sender": receiver_name,
+        "message": message,
+        "attempt": attempt,
+        "delay": delay_s,
+        "error": error,
+    }
+
+
 def _announce(log_line: str, extra: dict[str, Any] | None, signal_kwargs: dict[str, Any]) -> None:
     """A retry is on its way: its WARNING line and ``message_retried``."""
     logger.warning(log_line, extra=extra)

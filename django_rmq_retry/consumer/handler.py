@@ -40,7 +40,16 @@ from ..core.undecodable import without_headers
 from ..parking import operations
 from ..registry import Receiver
 from ..registry.policies import policy_cache
-from .actions import HANDLED, Ack, Action, Delivery, PublishRetry, RetryInPlace, StorePark
+from .actions import (
+    HANDLED,
+    Ack,
+    Action,
+    Delivery,
+    PublishRetry,
+    RetryInPlace,
+    StorePark,
+    retried_kwargs,
+)
 from .delivery_limit import DeliveryLimit
 from .gates import Arrival, Gate, Pipeline
 from .inbox import message_key, run_once
@@ -388,13 +397,7 @@ class Handler:
             properties=props,
             log_line=log_line,
             log_extra=message_fields(message),
-            signal_kwargs={
-                "sender": rec.name,
-                "message": message,
-                "attempt": env.attempt,
-                "delay": way.delay_ms / 1000,
-                "error": exc,
-            },
+            signal_kwargs=retried_kwargs(rec.name, message, env.attempt, way.delay_ms / 1000, exc),
             start_key=start_key,
         )
 

@@ -37,7 +37,7 @@ from ..core.message import Message
 from ..core.native_retry import delivery_count, honours, native_retry, problems
 from ..core.outcome import Park, ParkReason, RetryLater, decide
 from ..registry import Receiver
-from .actions import Delivery, RetryInPlace, StorePark
+from .actions import Delivery, RetryInPlace, StorePark, retried_kwargs
 
 if TYPE_CHECKING:
     from .parks import Parks
@@ -93,13 +93,7 @@ def retry_in_place(
         start_key=start_key,
         log_line=log_line,
         log_extra=message_fields(message),
-        signal_kwargs={
-            "sender": rec.name,
-            "message": message,
-            "attempt": env.attempt,
-            "delay": delay_ms / 1000,
-            "error": exc,
-        },
+        signal_kwargs=retried_kwargs(rec.name, message, env.attempt, delay_ms / 1000, exc),
     )
 
 
